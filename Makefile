@@ -1,0 +1,33 @@
+# Two commands do everything on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: test test-fast lint demo clean
+
+# torch first, pinned: pip takes the CPU wheel on disk instead of a multi-GB CUDA build.
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet torch==2.13.0
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check instrument tests benchmarks
+	$(BIN)/ruff format --check instrument tests benchmarks
+	$(BIN)/mypy --strict
+
+test: lint
+	$(BIN)/python -m pytest
+
+test-fast: lint
+	$(BIN)/python -m pytest -m "not slow"
+
+demo: $(STAMP)
+	$(BIN)/instrument plan --config examples/verl_ppo.yaml --num-steps 4 --mini-batches 6 --world-size 8 \
+		--stage compute_log_prob --stage update_actor:scheduled
+
+clean:
+	rm -rf $(VENV) outputs .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,19 @@
+"""instrument: profile distributed LLM reinforcement-learning training without drowning in traces.
+
+The public surface is re-exported here; backends (torch, NVTX, vLLM) load lazily,
+so ``import instrument`` imports neither torch, nvtx, vllm nor ray.
+"""
+
+from __future__ import annotations
+
+from instrument._version import __version__
+from instrument.config import CONTENTS, TOOLS, FinishHook, ProfilerConfig, Schedule
+
+__all__ = [
+    "CONTENTS",
+    "TOOLS",
+    "FinishHook",
+    "ProfilerConfig",
+    "Schedule",
+    "__version__",
+]

@@ -1,0 +1,518 @@
+"""Validated, frozen profiler configuration.
+
+:class:`ProfilerConfig`, :class:`Schedule` and :class:`FinishHook` check every
+field at construction: a bad value raises ``ValueError`` (``TypeError`` for a
+wrong type) naming the field, what is allowed and the value given.  They build
+from nested mappings (:meth:`ProfilerConfig.from_dict`) and from dotted
+overrides (:meth:`ProfilerConfig.from_overrides`), accepting verl's key names
+(see ``docs/config.md``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+
+from instrument import _verl
+
+__all__ = [
+    "CONTENTS",
+    "TOOLS",
+    "FinishHook",
+    "ProfilerConfig",
+    "Schedule",
+    "parse_value",
+]
+
+TOOLS = ("none", "nvtx", "torch")
+"""Allowed values of ``ProfilerConfig.tool``."""
+
+CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
+"""Allowed values in ``ProfilerConfig.contents``, in canonical order."""
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not _is_int(value):
+            raise TypeError(f"'{attribute.name}' must be an int >= {minimum}: {value!r}")
+        if value < minimum:
+            raise ValueError(f"'{attribute.name}' must be >= {minimum}: {value}")
+
+    return check
+
+
+def _boolean(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"'{attribute.name}' must be true or false: {value!r}")
+
+
+def _one_of(allowed: Sequence[str]) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    listing = ", ".join(repr(a) for a in allowed)
+
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value not in allowed:
+            raise ValueError(f"'{attribute.name}' must be one of {listing}: {value!r}")
+
+    return check
+
+
+def _int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None and allow_none:
+            return
+        if not isinstance(value, tuple) or not all(_is_int(v) for v in value):
+            kind = "a list of ints or null" if allow_none else "a list of ints"
+            raise TypeError(f"'{attribute.name}' must be {kind}: {value!r}")
+        for v in value:
+            if v < minimum:
+                raise ValueError(f"'{attribute.name}' must hold values >= {minimum}: {v}")
+        repeated = sorted({v for v in value if value.count(v) > 1})
+        if repeated:
+            raise ValueError(f"'{attribute.name}' must not repeat a value: {repeated} given more than once")
+
+    return check
+
+
+def _to_sorted_tuple(value: Any) -> Any:
+    """Lists (and a single int) become a sorted tuple; anything else is left for the validator."""
+    if _is_int(value):
+        return (value,)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = tuple(value)
+        return tuple(sorted(items)) if all(_is_int(v) for v in items) else items
+    return value
+
+
+def _to_contents(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = tuple(value)
+        known = [c for c in CONTENTS if c in items]
+        return tuple(known) if len(known) == len(set(items)) else items
+    return value
+
+
+def _check_contents(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, tuple):
+        raise TypeError(f"'{attribute.name}' must be a list of strings: {value!r}")
+    allowed = ", ".join(repr(c) for c in CONTENTS)
+    for item in value:
+        if item not in CONTENTS:
+            raise ValueError(f"'{attribute.name}' items must be among {allowed}: {item!r}")
+
+
+def _check_path(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"'{attribute.name}' must be a path: {value!r}")
+    if not value.strip():
+        raise ValueError(f"'{attribute.name}' must be a non-empty path: {value!r}")
+
+
+def _to_path(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def _check_command(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"'{attribute.name}' must be a shell command string: {value!r}")
+    if not value.strip():
+        raise ValueError(f"'{attribute.name}' must be a non-empty shell command: {value!r}")
+
+
+def _check_timeout(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"'{attribute.name}' must be a number of seconds > 0: {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"'{attribute.name}' must be a finite number of seconds > 0: {value!r}")
+
+
+_T = TypeVar("_T")
+
+
+def _from_mapping(cls: type[_T], value: Any, prefix: str) -> Any:
+    """Build an attrs class from a mapping, naming unknown keys with a suggestion."""
+    if isinstance(value, Mapping):
+        names = [f.name for f in attrs.fields(cls)]  # type: ignore[misc]
+        for key in value:
+            if key not in names:
+                raise ValueError(_unknown_key(f"{prefix}.{key}", [f"{prefix}.{n}" for n in names]))
+        return cls(**value)
+    return value
+
+
+# --------------------------------------------------------------------------- value classes
+
+
+@attrs.frozen
+class Schedule:
+    """Which mini-batches of a scheduled stage are recorded (``torch.profiler.schedule`` semantics).
+
+    ``repeat=0`` repeats without end; the default of 1 keeps a long update loop from flooding the disk.
+    """
+
+    skip_first: int = attrs.field(default=0, validator=_int_at_least(0))
+    wait: int = attrs.field(default=0, validator=_int_at_least(0))
+    warmup: int = attrs.field(default=0, validator=_int_at_least(0))
+    active: int = attrs.field(default=1, validator=_int_at_least(1))
+    repeat: int = attrs.field(default=1, validator=_int_at_least(0))
+    skip_first_wait: bool = attrs.field(default=False, validator=_boolean)
+
+
+@attrs.frozen
+class FinishHook:
+    """One shell command run once after the last profiled step, on the chosen ranks, within ``timeout_s``."""
+
+    cmd: str = attrs.field(validator=_check_command)
+    ranks: tuple[int, ...] = attrs.field(default=(0,), converter=_to_sorted_tuple, validator=_int_tuple(0))
+    all_ranks: bool = attrs.field(default=False, validator=_boolean)
+    timeout_s: float = attrs.field(default=600, validator=_check_timeout)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.ranks and not self.all_ranks:
+            raise ValueError("'finish_hook.ranks' must select at least one rank unless 'all_ranks' is true: ()")
+
+
+def _to_schedule(value: Any) -> Any:
+    return _from_mapping(Schedule, value, "schedule")
+
+
+def _to_finish_hook(value: Any) -> Any:
+    return _from_mapping(FinishHook, value, "finish_hook")
+
+
+def _optional_instance(cls: type) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is not None and not isinstance(value, cls):
+            raise TypeError(f"'{attribute.name}' must be a {cls.__name__}, a mapping or null: {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class ProfilerConfig:
+    """What to profile (steps, ranks, contents, schedule), where to write it and what to run at the end."""
+
+    enable: bool = attrs.field(default=True, validator=_boolean)
+    tool: str = attrs.field(default="torch", validator=_one_of(TOOLS))
+    steps: tuple[int, ...] | None = attrs.field(
+        default=None, converter=_to_sorted_tuple, validator=_int_tuple(1, allow_none=True)
+    )
+    ranks: tuple[int, ...] = attrs.field(default=(0,), converter=_to_sorted_tuple, validator=_int_tuple(0))
+    save_path: str = attrs.field(default="outputs/profile", converter=_to_path, validator=_check_path)
+    all_ranks: bool = attrs.field(default=False, validator=_boolean)
+    discrete: bool = attrs.field(default=True, validator=_boolean)
+    contents: tuple[str, ...] = attrs.field(
+        default=("cpu", "cuda"), converter=_to_contents, validator=_check_contents
+    )
+    schedule: Schedule | None = attrs.field(
+        default=None, converter=_to_schedule, validator=_optional_instance(Schedule)
+    )
+    relocate_results: bool = attrs.field(default=True, validator=_boolean)
+    finish_hook: FinishHook | None = attrs.field(
+        default=None, converter=_to_finish_hook, validator=_optional_instance(FinishHook)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if self.active:
+            if self.steps == ():
+                raise ValueError("'steps' must list at least one step, or be null for every step: []")
+            if not self.ranks and not self.all_ranks:
+                raise ValueError("'ranks' must select at least one rank unless 'all_ranks' is true: []")
+
+    @property
+    def active(self) -> bool:
+        """Whether this configuration profiles anything at all."""
+        return self.enable and self.tool != "none"
+
+    def profiles_step(self, step: int) -> bool:
+        """Whether RL step ``step`` (1-based) is profiled."""
+        return self.active and (self.steps is None or step in self.steps)
+
+    def profiles_rank(self, rank: int) -> bool:
+        """Whether global rank ``rank`` is profiled."""
+        return self.active and (self.all_ranks or rank in self.ranks)
+
+    # ----------------------------------------------------------------- building
+
+    @classmethod
+    def from_dict(cls, mapping: Mapping[str, Any]) -> ProfilerConfig:
+        """Build from a nested mapping (or dotted keys); verl's key names are accepted too."""
+        if not isinstance(mapping, Mapping):
+            raise TypeError(f"configuration must be a mapping: {mapping!r}")
+        return cls._from_flat(list(_flatten(mapping)))
+
+    @classmethod
+    def from_overrides(cls, overrides: Iterable[str], base: Mapping[str, Any] | None = None) -> ProfilerConfig:
+        """Build from ``"dotted.key=value"`` strings, applied in order over ``base``.
+
+        Values read as YAML-ish scalars and flat lists (``steps=[1,2]``, ``discrete=false``);
+        string fields such as ``finish_hook.cmd`` keep the text as written.
+        """
+        if isinstance(overrides, str):
+            raise TypeError(f"overrides must be a list of 'key=value' strings, not one string: {overrides!r}")
+        items = list(_flatten(base)) if base is not None else []
+        for override in overrides:
+            key, sep, text = str(override).partition("=")
+            key = key.strip()
+            if not sep or not key:
+                raise ValueError(f"override must look like 'key=value': {override!r}")
+            _check_key(key)
+            items.append((key, _unquote(text) if key in _STRING_KEYS else parse_value(text)))
+        return cls._from_flat(items)
+
+    @classmethod
+    def _from_flat(cls, items: list[tuple[str, Any]]) -> ProfilerConfig:
+        for key, _value in items:
+            _check_key(key)
+        top: dict[str, Any] = {}
+        for key, value in _verl.translate(items):
+            head, _, tail = key.partition(".")
+            if tail:
+                nested = top.get(head)
+                if not isinstance(nested, dict):
+                    nested = {} if nested is None else attrs.asdict(nested) if attrs.has(type(nested)) else {}
+                    top[head] = nested
+                nested[tail] = value
+            elif isinstance(value, Mapping):
+                top[head] = dict(value)
+            else:
+                top[head] = value
+        return cls(**top)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain nested mapping that :meth:`from_dict` turns back into this configuration."""
+        return attrs.asdict(self)
+
+    def to_overrides(self) -> list[str]:
+        """``key=value`` strings that :meth:`from_overrides` turns back into this configuration."""
+        out = []
+        for key, value in _flatten(self.to_dict()):
+            out.append(f"{key}={_format_value(value)}")
+        return out
+
+    # ----------------------------------------------------------------- fused roles
+
+    def union(self, other: ProfilerConfig) -> ProfilerConfig:
+        """Profile what either role asks for (a fused worker serving both)."""
+        return _merge(self, other, union=True)
+
+    def intersect(self, other: ProfilerConfig) -> ProfilerConfig:
+        """Profile only what both roles ask for."""
+        return _merge(self, other, union=False)
+
+
+# --------------------------------------------------------------------------- union / intersect
+
+
+def _same(field: str, a: Any, b: Any) -> Any:
+    if a != b:
+        raise ValueError(f"cannot combine configurations: '{field}' differs ({a!r} vs {b!r})")
+    return a
+
+
+def _merge_selection(a: Any, b: Any, union: bool, prefix: str = "") -> dict[str, Any]:
+    """Merge ``ranks`` / ``all_ranks`` of two configs or hooks."""
+    if union:
+        return {"all_ranks": a.all_ranks or b.all_ranks, "ranks": sorted(set(a.ranks) | set(b.ranks))}
+    if a.all_ranks or b.all_ranks:
+        ranks = b.ranks if a.all_ranks and not b.all_ranks else a.ranks if not a.all_ranks else b.ranks
+        if a.all_ranks and b.all_ranks:
+            ranks = sorted(set(a.ranks) | set(b.ranks))
+        return {"all_ranks": a.all_ranks and b.all_ranks, "ranks": ranks}
+    return {"all_ranks": False, "ranks": sorted(set(a.ranks) & set(b.ranks))}
+
+
+def _merge_steps(a: tuple[int, ...] | None, b: tuple[int, ...] | None, union: bool) -> tuple[int, ...] | None:
+    if union:
+        return None if a is None or b is None else tuple(sorted(set(a) | set(b)))
+    if a is None or b is None:
+        return b if a is None else a
+    return tuple(sorted(set(a) & set(b)))
+
+
+def _merge_schedule(a: Schedule | None, b: Schedule | None, union: bool) -> Schedule | None:
+    if a is None or b is None:
+        # No schedule records the whole stage: more than any schedule, so it wins a union.
+        if union:
+            return None
+        return b if a is None else a
+    return _same("schedule", a, b)  # type: ignore[no-any-return]
+
+
+def _merge_hooks(a: FinishHook | None, b: FinishHook | None, union: bool) -> FinishHook | None:
+    if a is None or b is None:
+        return (b if a is None else a) if union else None
+    selection = _merge_selection(a, b, union)
+    if not selection["ranks"] and not selection["all_ranks"]:
+        return None
+    timeout = max(a.timeout_s, b.timeout_s) if union else min(a.timeout_s, b.timeout_s)
+    return FinishHook(cmd=_same("finish_hook.cmd", a.cmd, b.cmd), timeout_s=timeout, **selection)
+
+
+# Every field of ProfilerConfig must appear here, so a new field cannot be dropped silently
+# (tests check the key set).
+_MERGE_RULES: dict[str, Callable[[ProfilerConfig, ProfilerConfig, bool], Any]] = {
+    "enable": lambda a, b, union: True,
+    "tool": lambda a, b, union: _same("tool", a.tool, b.tool),
+    "steps": lambda a, b, union: _merge_steps(a.steps, b.steps, union),
+    "ranks": lambda a, b, union: _merge_selection(a, b, union)["ranks"],
+    "all_ranks": lambda a, b, union: _merge_selection(a, b, union)["all_ranks"],
+    "save_path": lambda a, b, union: _same("save_path", a.save_path, b.save_path),
+    "discrete": lambda a, b, union: _same("discrete", a.discrete, b.discrete),
+    "contents": lambda a, b, union: (
+        [c for c in CONTENTS if (c in a.contents) or (union and c in b.contents)]
+        if union
+        else [c for c in CONTENTS if c in a.contents and c in b.contents]
+    ),
+    "schedule": lambda a, b, union: _merge_schedule(a.schedule, b.schedule, union),
+    "relocate_results": lambda a, b, union: (
+        a.relocate_results or b.relocate_results if union else a.relocate_results and b.relocate_results
+    ),
+    "finish_hook": lambda a, b, union: _merge_hooks(a.finish_hook, b.finish_hook, union),
+}
+
+
+def _merge(a: ProfilerConfig, b: ProfilerConfig, union: bool) -> ProfilerConfig:
+    if not isinstance(b, ProfilerConfig):
+        raise TypeError(f"can only combine with a ProfilerConfig: {b!r}")
+    if not (a.active and b.active):
+        if union:
+            return a if a.active or not b.active else b
+        return a if not a.active else b
+    merged = {name: rule(a, b, union) for name, rule in _MERGE_RULES.items()}
+    if merged["steps"] == () or (not merged["ranks"] and not merged["all_ranks"]):
+        # The roles share no profiled step or rank: the fused worker profiles nothing.
+        return attrs.evolve(a, enable=False)
+    return ProfilerConfig(**merged)
+
+
+# --------------------------------------------------------------------------- keys and values
+
+_NESTED = {"schedule": Schedule, "finish_hook": FinishHook}
+
+
+def _valid_keys() -> list[str]:
+    keys = []
+    for field in attrs.fields(ProfilerConfig):
+        if field.name in _NESTED:
+            keys.append(field.name)
+            keys.extend(f"{field.name}.{f.name}" for f in attrs.fields(_NESTED[field.name]))
+        else:
+            keys.append(field.name)
+    return keys
+
+
+_KEYS = _valid_keys()
+# Override values for these keys are taken as written: "tool=none" is the tool, not null.
+_STRING_KEYS = frozenset({"tool", "save_path", "finish_hook.cmd", "finish_hook_cmd", "profiler.finish_hook_cmd",
+                          "global_profiler.finish_hook_cmd", "profiler.save_path", "global_profiler.save_path"})
+
+
+def _unknown_key(key: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, candidates, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]!r}?" if close else f"; valid keys: {', '.join(candidates)}"
+    return f"unknown configuration key {key!r}{hint}"
+
+
+def _check_key(key: str) -> None:
+    if key not in _KEYS and not _verl.is_verl_key(key):
+        raise ValueError(_unknown_key(key, _KEYS + [f"global_profiler.{k}" for k in _verl.VERL_KEYS]))
+
+
+def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """Yield ``(dotted.key, value)`` pairs; stops at known keys so a nested value object stays whole."""
+    for key, value in mapping.items():
+        if not isinstance(key, str):
+            raise TypeError(f"configuration keys must be strings: {key!r}")
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            if not value:
+                yield dotted, {}
+            yield from _flatten(value, dotted + ".")
+        elif attrs.has(type(value)):
+            yield from _flatten(attrs.asdict(value), dotted + ".")
+        else:
+            yield dotted, value
+
+
+def parse_value(text: str) -> Any:
+    """Read an override value: ``null``, ``true``/``false``, ints, floats, quoted strings and flat lists."""
+    text = text.strip()
+    if text.startswith("[") and text.endswith("]"):
+        inner = text[1:-1].strip()
+        return [] if not inner else [_parse_scalar(item) for item in _split_list(inner)]
+    if text.startswith("{"):
+        raise ValueError(f"mappings are set key by key (e.g. 'schedule.active=2'): {text!r}")
+    return _parse_scalar(text)
+
+
+def _split_list(inner: str) -> list[str]:
+    items, current, quote = [], "", ""
+    for char in inner:
+        if quote:
+            current += char
+            if char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+            current += char
+        elif char == ",":
+            items.append(current)
+            current = ""
+        else:
+            current += char
+    if quote:
+        raise ValueError(f"unterminated quote in list: [{inner}]")
+    items.append(current)
+    return items
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
+
+
+def _parse_scalar(text: str) -> Any:
+    text = text.strip()
+    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    lowered = text.lower()
+    if lowered in ("null", "none", "~", ""):
+        return None
+    if lowered == "true":
+        return True
+    if lowered == "false":
+        return False
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def _format_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(_format_value(v) for v in value) + "]"
+    if isinstance(value, str):
+        return value
+    return repr(value)

@@ -1,0 +1,196 @@
+"""Self-describing trace file names (pure; standard library only).
+
+A trace name is::
+
+    {role}_{stage}_step{S}_rank{r}-of-{W}[_mb{a}[-{b}]][_partial]_{host}_pid{pid}_{timestamp}
+
+followed by :data:`TRACE_SUFFIX`.  ``_`` separates fields, so labels (role,
+stage, host) are sanitised to ``[A-Za-z0-9.=+-]``: every other character
+becomes ``-``, runs of dots collapse to one and edge dots are stripped, so no
+label can hold a separator, a ``/``, ``..`` or a shell metacharacter.
+:func:`parse_trace_name` inverts :func:`trace_basename` exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass
+
+__all__ = [
+    "LABEL_MAX_LEN",
+    "TRACE_SUFFIX",
+    "TraceName",
+    "next_timestamp_ns",
+    "parse_trace_name",
+    "sanitize_label",
+    "short_hostname",
+    "trace_basename",
+    "trace_prefix",
+]
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+"""Suffix of torch traces; TensorBoard and HTA look for it."""
+
+LABEL_MAX_LEN = 64
+"""Labels are cut to this many characters so a name stays far below the 255-byte file name limit."""
+
+# Suffixes parse_trace_name strips, longest first.
+_KNOWN_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".nsys-rep")
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]")
+_DOTS = re.compile(r"\.{2,}")
+# A sanitised label: no "_", no edge dots, no runs of dots.
+_LABEL = r"[A-Za-z0-9=+-]+(?:\.[A-Za-z0-9=+-]+)*"
+_NAME = re.compile(
+    rf"(?P<role>{_LABEL})_(?P<stage>{_LABEL})"
+    r"_step(?P<step>0|[1-9][0-9]*)_rank(?P<rank>0|[1-9][0-9]*)-of-(?P<world_size>[1-9][0-9]*)"
+    r"(?:_mb(?P<first>0|[1-9][0-9]*)(?:-(?P<last>0|[1-9][0-9]*))?(?P<partial>_partial)?)?"
+    rf"_(?P<host>{_LABEL})_pid(?P<pid>0|[1-9][0-9]*)_(?P<timestamp_ns>0|[1-9][0-9]*)"
+)
+
+_clock_lock = threading.Lock()
+_last_timestamp_ns = 0
+
+
+def sanitize_label(label: str) -> str:
+    """Return ``label`` made safe for a file name field; raise ``ValueError`` if nothing is left."""
+    if not isinstance(label, str):
+        raise TypeError(f"label must be a str: {label!r}")
+    safe = _DOTS.sub(".", _UNSAFE.sub("-", label))[:LABEL_MAX_LEN].strip(".")
+    if not safe:
+        raise ValueError(f"label has no character usable in a file name: {label!r}")
+    return safe
+
+
+def short_hostname() -> str:
+    """This host's name, sanitised for use in trace names."""
+    return sanitize_label(socket.gethostname() or "host")
+
+
+def next_timestamp_ns() -> int:
+    """Wall-clock nanoseconds, strictly increasing within this process (names never repeat)."""
+    global _last_timestamp_ns
+    with _clock_lock:
+        _last_timestamp_ns = max(time.time_ns(), _last_timestamp_ns + 1)
+        return _last_timestamp_ns
+
+
+@dataclass(frozen=True)
+class TraceName:
+    """The fields of a trace name, as :func:`parse_trace_name` reads them."""
+
+    role: str
+    stage: str
+    step: int
+    rank: int
+    world_size: int
+    host: str
+    pid: int
+    timestamp_ns: int
+    window: tuple[int, int] | None = None
+    partial: bool = False
+
+    def basename(self) -> str:
+        """The name these fields stand for (without suffix)."""
+        return trace_basename(**asdict(self))
+
+
+def _check_int(field: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"'{field}' must be an int: {value!r}")
+    if value < minimum:
+        raise ValueError(f"'{field}' must be >= {minimum}: {value}")
+
+
+def trace_prefix(
+    *,
+    role: str,
+    stage: str,
+    step: int,
+    rank: int,
+    world_size: int,
+    window: tuple[int, int] | None = None,
+    partial: bool = False,
+) -> str:
+    """The part of a trace name before ``_{host}_pid{pid}_{timestamp}``."""
+    _check_int("step", step, 0)
+    _check_int("world_size", world_size, 1)
+    _check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"'rank' must be < world_size ({world_size}): {rank}")
+    name = f"{sanitize_label(role)}_{sanitize_label(stage)}_step{step}_rank{rank}-of-{world_size}"
+    if window is not None:
+        first, last = window
+        _check_int("window first", first, 0)
+        _check_int("window last", last, first)
+        name += f"_mb{first}" if first == last else f"_mb{first}-{last}"
+    elif partial:
+        raise ValueError("'partial' needs a 'window': only a mini-batch window can be partial")
+    if partial:
+        name += "_partial"
+    return name
+
+
+def trace_basename(
+    *,
+    role: str,
+    stage: str,
+    step: int,
+    rank: int,
+    world_size: int,
+    host: str | None = None,
+    pid: int | None = None,
+    timestamp_ns: int | None = None,
+    window: tuple[int, int] | None = None,
+    partial: bool = False,
+) -> str:
+    """Build a trace name without suffix; host, pid and timestamp default to this process and now."""
+    prefix = trace_prefix(
+        role=role, stage=stage, step=step, rank=rank, world_size=world_size, window=window, partial=partial
+    )
+    host = short_hostname() if host is None else sanitize_label(host)
+    pid = os.getpid() if pid is None else pid
+    timestamp_ns = next_timestamp_ns() if timestamp_ns is None else timestamp_ns
+    _check_int("pid", pid, 0)
+    _check_int("timestamp_ns", timestamp_ns, 0)
+    return f"{prefix}_{host}_pid{pid}_{timestamp_ns}"
+
+
+def parse_trace_name(name: str) -> TraceName | None:
+    """Read the fields back from a trace name or path (suffix optional); ``None`` if it is not one."""
+    base = os.path.basename(name)
+    for suffix in _KNOWN_SUFFIXES:
+        if base.endswith(suffix):
+            base = base[: -len(suffix)]
+            break
+    match = _NAME.fullmatch(base)
+    if match is None:
+        return None
+    fields = match.groupdict()
+    window: tuple[int, int] | None = None
+    if fields["first"] is not None:
+        first = int(fields["first"])
+        last = first if fields["last"] is None else int(fields["last"])
+        if last <= first and fields["last"] is not None:
+            return None  # "_mb3-3" and "_mb4-3" are never written
+        window = (first, last)
+    if int(fields["rank"]) >= int(fields["world_size"]):
+        return None
+    if max(len(fields["role"]), len(fields["stage"]), len(fields["host"])) > LABEL_MAX_LEN:
+        return None
+    return TraceName(
+        role=fields["role"],
+        stage=fields["stage"],
+        step=int(fields["step"]),
+        rank=int(fields["rank"]),
+        world_size=int(fields["world_size"]),
+        host=fields["host"],
+        pid=int(fields["pid"]),
+        timestamp_ns=int(fields["timestamp_ns"]),
+        window=window,
+        partial=fields["partial"] is not None,
+    )

@@ -1,0 +1,156 @@
+"""Which ranks and engine replicas are profiled (pure; standard library only).
+
+Ranks are global ranks of the job.  A rollout replica spans
+``gpus_per_replica`` (tp x pp x dp) consecutive global ranks: global rank
+``g`` is local rank ``g % gpus_per_replica`` of replica ``g // gpus_per_replica``.
+Engine trace files carry only the local rank; :func:`engine_trace_local_rank`
+reads it from vLLM and SGLang names.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable
+
+__all__ = [
+    "engine_trace_local_rank",
+    "is_profiled_rank",
+    "keep_engine_trace",
+    "local_rank_of",
+    "profiled_ranks",
+    "ranks_to_keep",
+    "replica_of",
+    "replicas_to_drive",
+    "validate_ranks",
+]
+
+
+def _check_int(field: str, value: int, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"'{field}' must be an int: {value!r}")
+    if value < minimum:
+        raise ValueError(f"'{field}' must be >= {minimum}: {value}")
+
+
+def _check_rank(rank: int, world_size: int, field: str = "rank") -> None:
+    _check_int("world_size", world_size, 1)
+    _check_int(field, rank, 0)
+    if rank >= world_size:
+        raise ValueError(f"'{field}' {rank} is outside the world of {world_size} ranks (0..{world_size - 1})")
+
+
+def validate_ranks(ranks: Iterable[int], world_size: int, field: str = "ranks") -> None:
+    """Raise ``ValueError`` naming the first selected rank that is not in ``0..world_size-1``."""
+    _check_int("world_size", world_size, 1)
+    for rank in ranks:
+        _check_int(field, rank, 0)
+        if rank >= world_size:
+            raise ValueError(
+                f"'{field}' selects rank {rank}, outside the world of {world_size} ranks (0..{world_size - 1})"
+            )
+
+
+def is_profiled_rank(rank: int, ranks: Iterable[int], all_ranks: bool = False) -> bool:
+    """Whether global ``rank`` is selected by ``ranks`` / ``all_ranks``."""
+    return all_ranks or rank in set(ranks)
+
+
+def profiled_ranks(ranks: Iterable[int], all_ranks: bool, world_size: int) -> tuple[int, ...]:
+    """The selected global ranks of a world, sorted; rejects ranks outside it."""
+    if all_ranks:
+        _check_int("world_size", world_size, 1)
+        return tuple(range(world_size))
+    selected = sorted(set(ranks))
+    validate_ranks(selected, world_size)
+    return tuple(selected)
+
+
+def replica_of(global_rank: int, gpus_per_replica: int) -> int:
+    """The replica that global rank ``global_rank`` belongs to."""
+    _check_int("gpus_per_replica", gpus_per_replica, 1)
+    _check_int("global_rank", global_rank, 0)
+    return global_rank // gpus_per_replica
+
+
+def local_rank_of(global_rank: int, gpus_per_replica: int) -> int:
+    """The rank of ``global_rank`` inside its replica."""
+    _check_int("gpus_per_replica", gpus_per_replica, 1)
+    _check_int("global_rank", global_rank, 0)
+    return global_rank % gpus_per_replica
+
+
+def _check_world(world_size: int, gpus_per_replica: int) -> None:
+    _check_int("gpus_per_replica", gpus_per_replica, 1)
+    _check_int("world_size", world_size, 1)
+    if world_size % gpus_per_replica:
+        raise ValueError(
+            f"'world_size' {world_size} is not a multiple of 'gpus_per_replica' {gpus_per_replica}: "
+            "every replica spans gpus_per_replica ranks"
+        )
+
+
+def replicas_to_drive(
+    ranks: Iterable[int], all_ranks: bool, world_size: int, gpus_per_replica: int
+) -> tuple[int, ...]:
+    """The replicas holding at least one selected rank, sorted."""
+    _check_world(world_size, gpus_per_replica)
+    selected = profiled_ranks(ranks, all_ranks, world_size)
+    return tuple(sorted({rank // gpus_per_replica for rank in selected}))
+
+
+def ranks_to_keep(
+    replica: int, ranks: Iterable[int], all_ranks: bool, world_size: int, gpus_per_replica: int
+) -> frozenset[int]:
+    """The selected global ranks of ``replica``: traces of its other workers (TP peers) are dropped."""
+    _check_world(world_size, gpus_per_replica)
+    _check_rank(replica, world_size // gpus_per_replica, "replica")
+    first = replica * gpus_per_replica
+    members = range(first, first + gpus_per_replica)
+    selected = set(profiled_ranks(ranks, all_ranks, world_size))
+    return frozenset(rank for rank in members if rank in selected)
+
+
+def keep_engine_trace(filename: str, replica: int, gpus_per_replica: int, keep: Iterable[int]) -> bool:
+    """Whether to keep engine trace ``filename`` of ``replica`` given the global ranks in ``keep``.
+
+    A file whose local rank cannot be read (frontend traces, unknown names) is kept:
+    losing a trace is worse than moving one too many.
+    """
+    local = engine_trace_local_rank(filename)
+    if local is None:
+        return True
+    if local >= gpus_per_replica:
+        return True  # a name we misread; keep rather than drop
+    _check_int("replica", replica, 0)
+    return replica * gpus_per_replica + local in set(keep)
+
+
+# vLLM >= 0.17: "[{prefix}_]rank{R}.{ns}.pt.trace.json.gz"; MoE adds "dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_" before rank.
+_VLLM = re.compile(r"(?:^|_)rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+# vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
+_VLLM_LEGACY = re.compile(r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+# SGLang: "{id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}].trace.json.gz" (also "-{activity}" before the suffix).
+_SGLANG = re.compile(
+    r"-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-(?P<ep>\d+))?(?:-[A-Za-z]+)?\.trace\.json(?:\.gz)?$"
+)
+
+
+def engine_trace_local_rank(filename: str) -> int | None:
+    """The engine-local rank written in a vLLM or SGLang worker trace name, or ``None``.
+
+    ``None`` for frontend (``.async_llm.``) traces and names this function does not know.
+    """
+    base = os.path.basename(filename)
+    if ".async_llm." in base:
+        return None
+    for pattern in (_VLLM, _VLLM_LEGACY):
+        match = pattern.search(base)
+        if match:
+            return int(match["rank"])
+    match = _SGLANG.search(base)
+    if match and match["pp"] is None:
+        # Without pipeline stages the TP rank is the GPU's place in the engine; with them
+        # the layout depends on the TP size, which the name does not carry.
+        return int(match["tp"])
+    return None
