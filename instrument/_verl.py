@@ -125,6 +125,9 @@ def translate(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     hook: dict[str, Any] = {}
     schedule: dict[str, Any] = {}
     ignored: list[str] = []
+    # Grouped keys are resolved together, then put where their group first appeared,
+    # so that a later override of the same field still wins.
+    hook_at = schedule_at = -1
     for key, value in items:
         if not is_verl_key(key):
             out.append((key, value))
@@ -135,8 +138,10 @@ def translate(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
             continue
         for target, translated in VERL_KEYS[stripped](value):
             if target.startswith("finish_hook_"):
+                hook_at = len(out) if hook_at < 0 else hook_at
                 hook[target] = translated
             elif target.startswith("schedule."):
+                schedule_at = len(out) if schedule_at < 0 else schedule_at
                 schedule[target] = translated
             else:
                 out.append((target, translated))
@@ -146,10 +151,15 @@ def translate(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
             UserWarning,
             stacklevel=4,
         )
+    groups = []
     # verl schedules only when active > 0; its default of all zeros means "no schedule".
     if schedule.get("schedule.active", 0):
-        out.extend(schedule.items())
-    return out + _finish_hook(hook, out)
+        groups.append((schedule_at, list(schedule.items())))
+    if hook_at >= 0:
+        groups.append((hook_at, _finish_hook(hook, out)))
+    for at, group in sorted(groups, key=lambda g: g[0], reverse=True):
+        out[at:at] = group
+    return out
 
 
 def _finish_hook(hook: dict[str, Any], items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:

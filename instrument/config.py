@@ -145,7 +145,7 @@ _T = TypeVar("_T")
 def _from_mapping(cls: type[_T], value: Any, prefix: str) -> Any:
     """Build an attrs class from a mapping, naming unknown keys with a suggestion."""
     if isinstance(value, Mapping):
-        names = [f.name for f in attrs.fields(cls)]  # type: ignore[misc]
+        names = [f.name for f in attrs.fields(cls)]  # type: ignore[arg-type]
         for key in value:
             if key not in names:
                 raise ValueError(_unknown_key(f"{prefix}.{key}", [f"{prefix}.{n}" for n in names]))
@@ -214,9 +214,7 @@ class ProfilerConfig:
     save_path: str = attrs.field(default="outputs/profile", converter=_to_path, validator=_check_path)
     all_ranks: bool = attrs.field(default=False, validator=_boolean)
     discrete: bool = attrs.field(default=True, validator=_boolean)
-    contents: tuple[str, ...] = attrs.field(
-        default=("cpu", "cuda"), converter=_to_contents, validator=_check_contents
-    )
+    contents: tuple[str, ...] = attrs.field(default=("cpu", "cuda"), converter=_to_contents, validator=_check_contents)
     schedule: Schedule | None = attrs.field(
         default=None, converter=_to_schedule, validator=_optional_instance(Schedule)
     )
@@ -417,8 +415,18 @@ def _valid_keys() -> list[str]:
 
 _KEYS = _valid_keys()
 # Override values for these keys are taken as written: "tool=none" is the tool, not null.
-_STRING_KEYS = frozenset({"tool", "save_path", "finish_hook.cmd", "finish_hook_cmd", "profiler.finish_hook_cmd",
-                          "global_profiler.finish_hook_cmd", "profiler.save_path", "global_profiler.save_path"})
+_STRING_KEYS = frozenset(
+    {
+        "tool",
+        "save_path",
+        "finish_hook.cmd",
+        "finish_hook_cmd",
+        "profiler.finish_hook_cmd",
+        "global_profiler.finish_hook_cmd",
+        "profiler.save_path",
+        "global_profiler.save_path",
+    }
+)
 
 
 def _unknown_key(key: str, candidates: Sequence[str]) -> str:

@@ -90,9 +90,7 @@ def _check_world(world_size: int, gpus_per_replica: int) -> None:
         )
 
 
-def replicas_to_drive(
-    ranks: Iterable[int], all_ranks: bool, world_size: int, gpus_per_replica: int
-) -> tuple[int, ...]:
+def replicas_to_drive(ranks: Iterable[int], all_ranks: bool, world_size: int, gpus_per_replica: int) -> tuple[int, ...]:
     """The replicas holding at least one selected rank, sorted."""
     _check_world(world_size, gpus_per_replica)
     selected = profiled_ranks(ranks, all_ranks, world_size)
@@ -111,13 +109,20 @@ def ranks_to_keep(
     return frozenset(rank for rank in members if rank in selected)
 
 
-def keep_engine_trace(filename: str, replica: int, gpus_per_replica: int, keep: Iterable[int]) -> bool:
+def keep_engine_trace(
+    filename: str,
+    replica: int,
+    gpus_per_replica: int,
+    keep: Iterable[int],
+    *,
+    ranks_per_dp_rank: int | None = None,
+) -> bool:
     """Whether to keep engine trace ``filename`` of ``replica`` given the global ranks in ``keep``.
 
     A file whose local rank cannot be read (frontend traces, unknown names) is kept:
     losing a trace is worse than moving one too many.
     """
-    local = engine_trace_local_rank(filename)
+    local = engine_trace_local_rank(filename, ranks_per_dp_rank=ranks_per_dp_rank)
     if local is None:
         return True
     if local >= gpus_per_replica:
@@ -126,8 +131,11 @@ def keep_engine_trace(filename: str, replica: int, gpus_per_replica: int, keep: 
     return replica * gpus_per_replica + local in set(keep)
 
 
-# vLLM >= 0.17: "[{prefix}_]rank{R}.{ns}.pt.trace.json.gz"; MoE adds "dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_" before rank.
-_VLLM = re.compile(r"(?:^|_)rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
+# vLLM >= 0.17: "[{prefix}_]rank{R}.{ns}.pt.trace.json.gz", or with "dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_" before
+# "rank" once parallel state is up; R counts within one data-parallel rank's tp x pp world.
+_VLLM = re.compile(
+    r"(?:^|_)(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$"
+)
 # vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
 _VLLM_LEGACY = re.compile(r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 # SGLang: "{id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}].trace.json.gz" (also "-{activity}" before the suffix).
@@ -136,21 +144,32 @@ _SGLANG = re.compile(
 )
 
 
-def engine_trace_local_rank(filename: str) -> int | None:
-    """The engine-local rank written in a vLLM or SGLang worker trace name, or ``None``.
+def engine_trace_local_rank(filename: str, *, ranks_per_dp_rank: int | None = None) -> int | None:
+    """The rank inside its replica written in a vLLM or SGLang worker trace name, or ``None``.
 
-    ``None`` for frontend (``.async_llm.``) traces and names this function does not know.
+    vLLM names count ranks within one data-parallel rank (``dp{d}_..._rank{R}``); for
+    ``d > 0`` the replica-local rank is ``d * ranks_per_dp_rank + R``, so without
+    ``ranks_per_dp_rank`` (tp x pp) such names give ``None``.  ``None`` also for frontend
+    (``.async_llm.``) traces, SGLang names with ``-DP-`` or ``-PP-`` (their layout depends
+    on the engine's mode and sizes) and names this function does not know.
     """
     base = os.path.basename(filename)
     if ".async_llm." in base:
         return None
-    for pattern in (_VLLM, _VLLM_LEGACY):
-        match = pattern.search(base)
-        if match:
+    match = _VLLM.search(base)
+    if match:
+        dp = int(match["dp"] or 0)
+        if dp == 0:
             return int(match["rank"])
+        if ranks_per_dp_rank is None:
+            return None
+        _check_int("ranks_per_dp_rank", ranks_per_dp_rank, 1)
+        return dp * ranks_per_dp_rank + int(match["rank"])
+    match = _VLLM_LEGACY.search(base)
+    if match:
+        return int(match["rank"])
     match = _SGLANG.search(base)
-    if match and match["pp"] is None:
-        # Without pipeline stages the TP rank is the GPU's place in the engine; with them
-        # the layout depends on the TP size, which the name does not carry.
+    if match and match["pp"] is None and match["dp"] is None:
+        # EP ranks live on the TP ranks' GPUs, so the TP rank is the GPU's place in the engine.
         return int(match["tp"])
     return None

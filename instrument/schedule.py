@@ -14,7 +14,7 @@ import enum
 from dataclasses import dataclass
 from typing import Protocol
 
-__all__ = ["Action", "ScheduleLike", "Window", "action_at", "plan", "recorded", "window_of"]
+__all__ = ["Action", "ScheduleLike", "Window", "action_at", "first_recorded", "plan", "recorded", "window_of"]
 
 
 class Action(enum.Enum):
@@ -109,6 +109,11 @@ def window_of(step_num: int, schedule: ScheduleLike) -> tuple[int, int]:
     return first, cycle_start + cycle - 1
 
 
+def first_recorded(schedule: ScheduleLike) -> int:
+    """The first mini-batch the schedule records (if the loop is long enough)."""
+    return schedule.skip_first + (0 if schedule.skip_first_wait else schedule.wait) + schedule.warmup
+
+
 def plan(num_mini_batches: int, schedule: ScheduleLike) -> list[Window]:
     """List the windows a stage of ``num_mini_batches`` mini-batches saves, in order.
 
@@ -124,7 +129,7 @@ def plan(num_mini_batches: int, schedule: ScheduleLike) -> list[Window]:
     windows: list[Window] = []
     cycle = schedule.wait + schedule.warmup + schedule.active
     # The first recorded step, then jump cycle by cycle: O(windows), not O(mini-batches).
-    step = schedule.skip_first + (0 if schedule.skip_first_wait else schedule.wait) + schedule.warmup
+    step = first_recorded(schedule)
     while step < num_mini_batches and recorded(step, schedule):
         first, last = window_of(step, schedule)
         if last < num_mini_batches:

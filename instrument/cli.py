@@ -1,0 +1,184 @@
+"""The ``instrument`` command line: ``instrument plan`` (more subcommands arrive with their issues)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from instrument._runplan import RunPlan, StageSpec, plan_run
+from instrument._version import __version__
+from instrument.config import ProfilerConfig
+
+__all__ = ["load_config", "main"]
+
+_PLAN_EPILOG = """\
+examples:
+  instrument plan --num-steps 10 --world-size 8 --mini-batches 6 steps=[2,5] \\
+      schedule.warmup=1 schedule.active=2 --stage compute_log_prob --stage update_actor:scheduled
+  instrument plan --config examples/verl_ppo.yaml --num-steps 4 --world-size 16 ranks=[0,8]
+
+Overrides use the keys of docs/config.md (verl's keys work too) and are applied after --config.
+Exit status: 0 planned, 1 warnings with --strict, 2 bad configuration or arguments.
+"""
+
+
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ProfilerConfig:
+    """Read a YAML or JSON configuration file (optional) and apply dotted overrides."""
+    base: dict[str, Any] = {}
+    if path is not None:
+        text = Path(path).read_text(encoding="utf-8")
+        if str(path).endswith(".json"):
+            loaded = json.loads(text)
+        else:
+            try:
+                import yaml
+            except ImportError as exc:  # pragma: no cover - yaml ships with the dev extra
+                raise ValueError(
+                    f"reading {path} needs PyYAML (pip install 'instrument[yaml]') or a .json file"
+                ) from exc
+            loaded = yaml.safe_load(text)
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path}: the configuration must be a mapping at the top level")
+        base = loaded
+    return ProfilerConfig.from_overrides(list(overrides), base=base)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="instrument", description="Profile distributed LLM RL training.")
+    parser.add_argument("--version", action="version", version=f"instrument {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    plan = commands.add_parser(
+        "plan",
+        help="print which steps, ranks, stages and mini-batch windows a configuration records",
+        description=(
+            "Print which steps, ranks, stages and mini-batch windows a configuration records and the "
+            "file names that will be written, with a warning for every window that can never complete."
+        ),
+        epilog=_PLAN_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. schedule.active=2")
+    plan.add_argument("--config", metavar="FILE", help="YAML or JSON configuration file")
+    plan.add_argument("--num-steps", type=int, required=True, metavar="N", help="RL steps in the run")
+    plan.add_argument("--world-size", type=int, default=1, metavar="W", help="global ranks (default 1)")
+    plan.add_argument(
+        "--mini-batches", type=int, default=1, metavar="M", help="profile_window calls per scheduled stage"
+    )
+    plan.add_argument("--role", default="actor", help="role of the worker (default actor)")
+    plan.add_argument(
+        "--stage",
+        action="append",
+        metavar="NAME[:scheduled]",
+        help="a stage of the worker; repeat it (default: update_actor:scheduled)",
+    )
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.add_argument("--strict", action="store_true", help="exit 1 when the plan has warnings")
+    return parser
+
+
+def _plan_json(run: RunPlan) -> dict[str, Any]:
+    return {
+        "config": run.config.to_dict(),
+        "role": run.role,
+        "num_steps": run.num_steps,
+        "world_size": run.world_size,
+        "num_mini_batches": run.num_mini_batches,
+        "stages": [{"name": s.name, "scheduled": s.scheduled} for s in run.stages],
+        "steps": list(run.steps),
+        "ranks": list(run.ranks),
+        "windows": [{"first": w.first, "last": w.last, "partial": w.partial} for w in run.windows],
+        "finish_hook_ranks": list(run.finish_ranks),
+        "files": [t.pattern for t in run.traces],
+        "warnings": list(run.warnings),
+    }
+
+
+def _ranges(values: Sequence[int]) -> str:
+    """``0,1,2,5`` -> ``0-2, 5``."""
+    if not values:
+        return "none"
+    parts, start, prev = [], values[0], values[0]
+    for value in [*values[1:], None]:
+        if value is not None and value == prev + 1:
+            prev = value
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if value is not None:
+            start = prev = value
+    return ", ".join(parts)
+
+
+def _plan_text(run: RunPlan) -> str:
+    cfg = run.config
+    mode = "discrete (a trace per stage)" if cfg.discrete else "continuous (a trace per step)"
+    lines = [
+        f"tool {cfg.tool}, {mode}, contents {', '.join(cfg.contents) or 'cpu'}, save_path {cfg.save_path}",
+        f"steps    {_ranges(run.steps)} of 1-{run.num_steps}",
+        f"ranks    {_ranges(run.ranks)} of {run.world_size} ({len(run.ranks)} profiled)",
+        f"role     {run.role}",
+    ]
+    for stage in run.stages:
+        if stage.scheduled and cfg.schedule is not None and cfg.discrete:
+            windows = ", ".join(
+                f"mb{w.first}" + (f"-{w.last}" if w.last != w.first else "") + (" (partial)" if w.partial else "")
+                for w in run.windows
+            )
+            lines.append(
+                f"stage    {stage.name}: scheduled over {run.num_mini_batches} mini-batches -> "
+                f"{windows or 'nothing recorded'}"
+            )
+        else:
+            lines.append(f"stage    {stage.name}: recorded whole" + (" (scheduled)" if stage.scheduled else ""))
+    if cfg.finish_hook is not None:
+        hook = cfg.finish_hook
+        when = f"after step {max(run.steps)}" if run.steps else "at the end of the run"
+        lines.append(
+            f"finish   {hook.cmd!r} on ranks {_ranges(run.finish_ranks)}, {when}, timeout {hook.timeout_s:g} s"
+        )
+    per_rank = len(run.traces) // len(run.ranks) if run.ranks else 0
+    lines.append(f"files    {len(run.traces)} traces ({per_rank} per profiled rank) in {cfg.save_path}/:")
+    shown = run.traces if len(run.traces) <= 12 else run.traces[:10]
+    lines.extend(f"  {t.pattern}" for t in shown)
+    if len(shown) < len(run.traces):
+        lines.append(f"  ... and {len(run.traces) - len(shown)} more (--json lists all)")
+    lines.extend(f"warning: {note}" for note in run.warnings)
+    return "\n".join(lines)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    stages = tuple(StageSpec.parse(s) for s in (args.stage or ["update_actor:scheduled"]))
+    config = load_config(args.config, args.overrides)
+    run = plan_run(
+        config,
+        num_steps=args.num_steps,
+        world_size=args.world_size,
+        num_mini_batches=args.mini_batches,
+        role=args.role,
+        stages=stages,
+    )
+    print(json.dumps(_plan_json(run), indent=2) if args.json else _plan_text(run))
+    return 1 if args.strict and run.warnings else 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``instrument`` console script; returns the exit status."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "plan":
+            return _run_plan(args)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"instrument {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    parser.error(f"unknown command {args.command!r}")  # pragma: no cover - argparse rejects it first
+    return 2  # pragma: no cover
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
