@@ -268,7 +268,7 @@ class ProfilerConfig:
             if not sep or not key:
                 raise ValueError(f"override must look like 'key=value': {override!r}")
             _check_key(key)
-            items.append((key, _unquote(text) if key in _STRING_KEYS else parse_value(text)))
+            items.append((key, _string_value(text) if key in _STRING_KEYS else parse_value(text)))
         return cls._from_flat(items)
 
     @classmethod
@@ -321,15 +321,12 @@ def _same(field: str, a: Any, b: Any) -> Any:
     return a
 
 
-def _merge_selection(a: Any, b: Any, union: bool, prefix: str = "") -> dict[str, Any]:
-    """Merge ``ranks`` / ``all_ranks`` of two configs or hooks."""
-    if union:
+def _merge_selection(a: ProfilerConfig | FinishHook, b: ProfilerConfig | FinishHook, union: bool) -> dict[str, Any]:
+    """Merge ``ranks`` / ``all_ranks`` of two configs or two hooks."""
+    if union or (a.all_ranks and b.all_ranks):
         return {"all_ranks": a.all_ranks or b.all_ranks, "ranks": sorted(set(a.ranks) | set(b.ranks))}
     if a.all_ranks or b.all_ranks:
-        ranks = b.ranks if a.all_ranks and not b.all_ranks else a.ranks if not a.all_ranks else b.ranks
-        if a.all_ranks and b.all_ranks:
-            ranks = sorted(set(a.ranks) | set(b.ranks))
-        return {"all_ranks": a.all_ranks and b.all_ranks, "ranks": ranks}
+        return {"all_ranks": False, "ranks": sorted(b.ranks if a.all_ranks else a.ranks)}
     return {"all_ranks": False, "ranks": sorted(set(a.ranks) & set(b.ranks))}
 
 
@@ -414,7 +411,8 @@ def _valid_keys() -> list[str]:
 
 
 _KEYS = _valid_keys()
-# Override values for these keys are taken as written: "tool=none" is the tool, not null.
+# Override values for these keys are taken as written ("tool=none" is the tool, a command may hold
+# brackets and commas); only a bare null is null.
 _STRING_KEYS = frozenset(
     {
         "tool",
@@ -495,6 +493,11 @@ def _unquote(text: str) -> str:
     return text
 
 
+def _string_value(text: str) -> str | None:
+    """A string field's override: the text as written, unquoted; a bare ``null`` or ``~`` is null."""
+    return None if text.strip() in ("null", "~") else _unquote(text)
+
+
 def _parse_scalar(text: str) -> Any:
     text = text.strip()
     if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
@@ -522,5 +525,6 @@ def _format_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(_format_value(v) for v in value) + "]"
     if isinstance(value, str):
-        return value
+        # Quote only what reading back would change (outer quotes, edge spaces, empty).
+        return f"'{value}'" if not value or value != _string_value(value) else value
     return repr(value)

@@ -122,12 +122,16 @@ def test_unusable_label_is_rejected(field: str, label: str) -> None:
 
 # Raw name fields, valid or not, to check the inverse direction.
 raw_labels = st.one_of(
-    st.from_regex(r"[A-Za-z0-9.=+-]{1,70}", fullmatch=True),
+    st.from_regex(r"[A-Za-z0-9=+-]{1,12}(\.[A-Za-z0-9=+-]{1,12}){0,3}", fullmatch=True),  # valid
+    st.from_regex(r"[A-Za-z0-9.=+-]{1,70}", fullmatch=True),  # often invalid: edge dots, "..", too long
     st.sampled_from(["mb3", "mb0-1", "partial", "pid7", "step2", "rank0-of-1", "a.b", ".a", "a.", "a..b"]),
-    st.just("x" * LABEL_MAX_LEN),
-    st.just("x" * (LABEL_MAX_LEN + 1)),
+    st.sampled_from(["x" * LABEL_MAX_LEN, "x" * (LABEL_MAX_LEN + 1)]),
 )
-raw_ints = st.one_of(st.integers(min_value=0, max_value=10**20).map(str), st.from_regex(r"0[0-9]{1,3}", fullmatch=True))
+raw_ints = st.one_of(
+    st.integers(min_value=0, max_value=10**20).map(str),
+    st.integers(min_value=0, max_value=50).map(str),
+    st.from_regex(r"0[0-9]{1,3}", fullmatch=True),  # leading zero: never written
+)
 
 
 def _valid_label(text: str) -> bool:
@@ -149,7 +153,7 @@ def raw_names(draw: st.DrawFn) -> tuple[str, bool]:
     """A candidate trace name and whether it is one that ``trace_basename`` could write."""
     role, stage, host = draw(raw_labels), draw(raw_labels), draw(raw_labels)
     step, rank, pid, timestamp = draw(raw_ints), draw(raw_ints), draw(raw_ints), draw(raw_ints)
-    world = draw(st.one_of(st.integers(min_value=0, max_value=300).map(str), raw_ints))
+    world = draw(st.one_of(st.integers(min_value=1, max_value=300).map(lambda d: str(int(rank) + d)), raw_ints))
     window = ""
     ok_window = True
     if draw(st.booleans()):
@@ -225,7 +229,24 @@ def test_trace_file_stays_inside_directory(kw: dict[str, object]) -> None:
     path = os.path.normpath(os.path.join(directory, file_name))
     assert os.path.dirname(path) == directory
     assert os.path.commonpath([directory, path]) == directory
-    assert len(file_name.encode()) < 255
+
+
+@pytest.mark.xfail(strict=True, reason="bug: three labels of LABEL_MAX_LEN make a name over 255 bytes")
+def test_longest_labels_fit_a_file_name() -> None:
+    # LABEL_MAX_LEN promises "a name stays far below the 255-byte file name limit".
+    name = trace_basename(
+        role="r" * 100,
+        stage="s" * 100,
+        host="h" * 100,
+        step=12,
+        rank=100,
+        world_size=128,
+        pid=4194304,
+        timestamp_ns=1_712_345_678_901_234_567,
+        window=(10, 15),
+        partial=True,
+    )
+    assert len((name + TRACE_SUFFIX).encode()) <= 255
 
 
 # --- uniqueness -------------------------------------------------------------------------------
@@ -244,7 +265,7 @@ def test_default_timestamps_never_collide_in_one_process() -> None:
     same = [trace_basename(role="actor", stage="s", step=1, rank=0, world_size=1) for _ in range(2000)]
     assert len(set(same)) == len(same)
     stamps = [parse_trace_name(n).timestamp_ns for n in names + same]  # type: ignore[union-attr]
-    assert all(a < b for a, b in zip(stamps, stamps[1:]))
+    assert stamps == sorted(set(stamps))
 
 
 def test_default_host_and_pid_are_this_process() -> None:
@@ -271,7 +292,7 @@ def test_next_timestamp_ns_unique_across_threads() -> None:
     flat = [stamp for out in results for stamp in out]
     assert len(flat) == len(set(flat)) == per_thread * len(results)
     for out in results:
-        assert all(a < b for a, b in zip(out, out[1:]))
+        assert out == sorted(set(out))
 
 
 # --- format examples --------------------------------------------------------------------------

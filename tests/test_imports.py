@@ -1,0 +1,70 @@
+"""Import discipline: pure modules use only the standard library; ``import instrument`` stays light."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "instrument"
+PURE_MODULES = ["schedule", "naming", "ranks"]
+HEAVY = ["torch", "nvtx", "vllm", "ray", "prometheus_client", "matplotlib", "yaml"]
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # a relative import reaches into the package
+                roots.add("instrument")
+            elif node.module:
+                roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize("module", PURE_MODULES)
+def test_pure_modules_import_only_the_standard_library(module: str) -> None:
+    roots = _imported_roots(PACKAGE / f"{module}.py")
+    assert roots, "the AST walk found no import at all"
+    outside = sorted(root for root in roots if root not in sys.stdlib_module_names)
+    assert outside == [], f"instrument/{module}.py imports {outside}"
+
+
+def test_the_ast_check_sees_third_party_imports() -> None:
+    # config.py imports attrs: the same check must flag it, or the test above proves nothing.
+    assert "attrs" in _imported_roots(PACKAGE / "config.py") - set(sys.stdlib_module_names)
+
+
+def test_import_instrument_loads_no_heavy_dependency() -> None:
+    code = (
+        "import sys, instrument, instrument.cli, instrument.config, instrument.schedule, instrument.naming, "
+        f"instrument.ranks; print(','.join(sorted(m for m in {HEAVY!r} if m in sys.modules)))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    assert loaded == ""
+
+
+def _public_modules() -> list[str]:
+    names = ["instrument"]
+    names += [f"instrument.{p.stem}" for p in sorted(PACKAGE.glob("*.py")) if not p.stem.startswith("_")]
+    return names
+
+
+@pytest.mark.parametrize("module_name", _public_modules())
+def test_every_public_name_has_a_docstring(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    assert module.__doc__, f"{module_name} has no module docstring"
+    for name in getattr(module, "__all__", []):
+        obj = getattr(module, name)
+        if inspect.isfunction(obj) or inspect.isclass(obj):
+            assert inspect.getdoc(obj), f"{module_name}.{name} has no docstring"
+            for attr, member in vars(obj).items() if inspect.isclass(obj) else []:
+                if not attr.startswith("_") and inspect.isfunction(member):
+                    assert inspect.getdoc(member), f"{module_name}.{name}.{attr} has no docstring"
