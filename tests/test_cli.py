@@ -1,0 +1,171 @@
+"""``instrument plan``: the plan it prints, its warnings and its exit statuses (in-process and as a real command)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from instrument.cli import main
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _plan(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    status = main(["plan", *args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def _plan_json(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, object]:
+    status, out, err = _plan(capsys, "--json", *args)
+    assert status == 0, err
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def test_help_of_the_installed_command() -> None:
+    exe = shutil.which("instrument", path=str(Path(sys.executable).parent))
+    assert exe is not None, "the console script 'instrument' is not installed"
+    done = subprocess.run([exe, "plan", "--help"], capture_output=True, text=True, check=False)
+    assert done.returncode == 0
+    for flag in ("--num-steps", "--world-size", "--mini-batches", "--stage", "--config", "--json", "KEY=VALUE"):
+        assert flag in done.stdout
+
+
+def test_module_entry_point_runs() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "instrument", "plan", "--num-steps", "1"], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "actor_update-actor_step1_rank0-of-1_{host}_pid{pid}_{timestamp}.pt.trace.json.gz" in done.stdout
+
+
+def test_plan_of_the_example(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, _ = _plan(
+        capsys,
+        "--config",
+        str(EXAMPLES / "verl_ppo.yaml"),
+        "--num-steps=4",
+        "--world-size=8",
+        "--mini-batches=6",
+        "--stage=compute_log_prob",
+        "--stage=update_actor:scheduled",
+    )
+    assert status == 0
+    assert "steps    1, 3 of 1-4" in out
+    assert "ranks    0, 4 of 8 (2 profiled)" in out
+    assert "update_actor: scheduled over 6 mini-batches -> mb2-3" in out
+    assert "actor_update-actor_step3_rank4-of-8_mb2-3_{host}_pid{pid}_{timestamp}.pt.trace.json.gz" in out
+    assert "actor_compute-log-prob_step1_rank0-of-8_{host}" in out
+    assert "files    8 traces (4 per profiled rank)" in out
+    assert "on ranks 0, after step 3, timeout 600 s" in out
+    assert "warning" not in out
+
+
+def test_verl_keys_plan_the_same_run(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["--num-steps=4", "--world-size=8", "--mini-batches=6", "--stage=update_actor:scheduled"]
+    native = _plan_json(capsys, "--config", str(EXAMPLES / "verl_ppo.yaml"), *args)
+    verl = _plan_json(capsys, "--config", str(EXAMPLES / "verl_keys.yaml"), *args)
+    assert native == verl
+
+
+def test_json_lists_every_file_and_window(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _plan_json(
+        capsys, "--num-steps=3", "--world-size=4", "--mini-batches=10", "all_ranks=true", "steps=[2]",
+        "schedule.wait=1", "schedule.warmup=1", "schedule.active=2", "schedule.repeat=2",
+    )  # fmt: skip
+    assert plan["windows"] == [
+        {"first": 2, "last": 3, "partial": False},
+        {"first": 6, "last": 7, "partial": False},
+    ]
+    files = plan["files"]
+    assert isinstance(files, list)
+    assert len(files) == 4 * 2
+    assert len(set(files)) == len(files)
+    assert plan["ranks"] == [0, 1, 2, 3]
+    assert plan["warnings"] == []
+
+
+def test_continuous_mode_writes_one_trace_per_step(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _plan_json(capsys, "--num-steps=2", "discrete=false", "--stage=a", "--stage=b")
+    assert plan["files"] == [
+        "actor_continuous_step1_rank0-of-1_{host}_pid{pid}_{timestamp}.pt.trace.json.gz",
+        "actor_continuous_step2_rank0-of-1_{host}_pid{pid}_{timestamp}.pt.trace.json.gz",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "warning"),
+    [
+        (
+            ["--mini-batches=4", "schedule.skip_first=1", "schedule.warmup=1", "schedule.active=3"],
+            "window mb2-4 cannot complete with 4 mini-batches: it is saved partial as mb2-3",
+        ),
+        (
+            ["--mini-batches=3", "schedule.skip_first=2", "schedule.wait=1", "schedule.warmup=1"],
+            "no mini-batch is ever recorded: 3 mini-batches per update, but the first window starts at mini-batch 4",
+        ),
+        (["steps=[2,9]"], "steps [9] are never reached in a 4-step run"),
+        (
+            ["discrete=false", "schedule.active=2"],
+            "continuous mode writes one trace per step; the schedule applies only in discrete mode",
+        ),
+        (["schedule.active=2", "--stage=gen"], "a schedule is set but no stage is scheduled"),
+        (["enable=false"], "profiling is off (enable is false)"),
+        (["tool=none"], "profiling is off (tool is 'none')"),
+        (["--world-size=2", "finish_hook.cmd=true", "finish_hook.ranks=[1]"], "finish hook ranks [1] profile nothing"),
+    ],
+)
+def test_warnings(capsys: pytest.CaptureFixture[str], args: list[str], warning: str) -> None:
+    status, out, _ = _plan(capsys, "--num-steps=4", *args)
+    assert status == 0
+    assert f"warning: {warning}" in out
+    assert main(["plan", "--strict", "--num-steps=4", *args]) == 1
+
+
+def test_partial_window_is_named_partial(capsys: pytest.CaptureFixture[str]) -> None:
+    plan = _plan_json(capsys, "--num-steps=1", "--mini-batches=4", "schedule.warmup=1", "schedule.active=5")
+    assert plan["files"] == [
+        "actor_update-actor_step1_rank0-of-1_mb1-3_partial_{host}_pid{pid}_{timestamp}.pt.trace.json.gz"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--world-size=8", "ranks=[9]"], "'ranks' selects rank 9, outside the world of 8 ranks (0..7)"),
+        (["finish_hook.cmd=x", "finish_hook.ranks=[3]"], "'finish_hook.ranks' selects rank 3"),
+        (["schedul.active=2"], "did you mean 'schedule.active'?"),
+        (["schedule.active=0"], "'active' must be >= 1: 0"),
+        (["--stage=update:sched"], "stage flag must be 'scheduled'"),
+        (["--stage=..."], "label has no character usable in a file name"),
+        (["--config=/nonexistent/x.yaml"], "No such file or directory"),
+        (["--mini-batches=-1"], "'num_mini_batches' must be >= 0: -1"),
+    ],
+)
+def test_bad_input_exits_2_with_a_message(capsys: pytest.CaptureFixture[str], args: list[str], message: str) -> None:
+    status, out, err = _plan(capsys, "--num-steps=2", *args)
+    assert status == 2
+    assert out == ""
+    assert err.startswith("instrument plan: error: ")
+    assert message in err
+
+
+def test_config_file_must_be_a_mapping(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    listing = tmp_path / "c.yaml"
+    listing.write_text("- 1\n- 2\n")
+    status, _, err = _plan(capsys, "--num-steps=1", f"--config={listing}")
+    assert status == 2
+    assert "must be a mapping at the top level" in err
+
+
+def test_json_config_and_overrides_apply_after_it(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"steps": [1], "ranks": [0, 1]}))
+    plan = _plan_json(capsys, "--num-steps=3", "--world-size=2", f"--config={path}", "steps=[3]")
+    assert plan["steps"] == [3]
+    assert plan["ranks"] == [0, 1]
