@@ -35,8 +35,8 @@ __all__ = [
 TRACE_SUFFIX = ".pt.trace.json.gz"
 """Suffix of torch traces; TensorBoard and HTA look for it."""
 
-LABEL_MAX_LEN = 64
-"""Labels are cut to this many characters so a name stays far below the 255-byte file name limit."""
+LABEL_MAX_LEN = 40
+"""Labels are cut to this many characters: three of them and the numbers stay below the 255-byte name limit."""
 
 # Suffixes parse_trace_name strips, longest first.
 _KNOWN_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".nsys-rep")

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import threading
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from instrument import naming
 from instrument.naming import (
     LABEL_MAX_LEN,
     TRACE_SUFFIX,
@@ -231,19 +234,18 @@ def test_trace_file_stays_inside_directory(kw: dict[str, object]) -> None:
     assert os.path.commonpath([directory, path]) == directory
 
 
-@pytest.mark.xfail(strict=True, reason="bug: three labels of LABEL_MAX_LEN make a name over 255 bytes")
 def test_longest_labels_fit_a_file_name() -> None:
     # LABEL_MAX_LEN promises "a name stays far below the 255-byte file name limit".
     name = trace_basename(
         role="r" * 100,
         stage="s" * 100,
         host="h" * 100,
-        step=12,
-        rank=100,
-        world_size=128,
+        step=1_000_000,
+        rank=99_999,
+        world_size=100_000,
         pid=4194304,
         timestamp_ns=1_712_345_678_901_234_567,
-        window=(10, 15),
+        window=(999_999, 1_000_000),
         partial=True,
     )
     assert len((name + TRACE_SUFFIX).encode()) <= 255
@@ -266,6 +268,26 @@ def test_default_timestamps_never_collide_in_one_process() -> None:
     assert len(set(same)) == len(same)
     stamps = [parse_trace_name(n).timestamp_ns for n in names + same]  # type: ignore[union-attr]
     assert stamps == sorted(set(stamps))
+
+
+def test_names_never_repeat_when_the_clock_stalls_or_goes_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    readings = iter([5_000, 5_000, 5_000, 4_000, 4_000, 9_000, 9_000])
+    monkeypatch.setattr(naming, "time", SimpleNamespace(time_ns=lambda: next(readings)))
+    monkeypatch.setattr(naming, "_last_timestamp_ns", 0)
+    stamps = [next_timestamp_ns() for _ in range(7)]
+    assert stamps == [5_000, 5_001, 5_002, 5_003, 5_004, 9_000, 9_001]
+    assert stamps == sorted(set(stamps))
+
+
+def test_next_timestamp_ns_unique_across_threads_with_a_stalled_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A clock that never advances and frequent thread switches expose an unlocked read-modify-write.
+    monkeypatch.setattr(naming, "time", SimpleNamespace(time_ns=lambda: 1))
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        test_next_timestamp_ns_unique_across_threads()
+    finally:
+        sys.setswitchinterval(interval)
 
 
 def test_default_host_and_pid_are_this_process() -> None:

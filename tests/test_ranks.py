@@ -176,6 +176,9 @@ def test_keep_engine_trace() -> None:
     assert keep_engine_trace("notes.txt", 2, 2, keep)
     assert keep_engine_trace("rank0.123.pt.trace.json.gz", 0, 2, [0])
     assert not keep_engine_trace("rank0.123.pt.trace.json.gz", 0, 2, [])
+    # A local rank beyond the replica is a misread name: kept, not dropped.
+    assert keep_engine_trace("rank2.123.pt.trace.json.gz", 0, 2, [0, 1])
+    assert keep_engine_trace("1712345678.123-TP-7.trace.json.gz", 1, 4, [])
 
 
 # --- selection --------------------------------------------------------------------------------
