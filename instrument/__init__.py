@@ -6,6 +6,8 @@ so ``import instrument`` imports neither torch, nvtx, vllm nor ray.
 
 from __future__ import annotations
 
+from instrument._api import configure, finish, profile_step, profile_window, profiled_stage
+from instrument._session import Session
 from instrument._version import __version__
 from instrument.config import CONTENTS, TOOLS, FinishHook, ProfilerConfig, Schedule
 
@@ -15,5 +17,11 @@ __all__ = [
     "FinishHook",
     "ProfilerConfig",
     "Schedule",
+    "Session",
     "__version__",
+    "configure",
+    "finish",
+    "profile_step",
+    "profile_window",
+    "profiled_stage",
 ]

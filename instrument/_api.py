@@ -1,0 +1,212 @@
+"""Public entry points: ``configure``, ``profiled_stage``, ``profile_window``, ``profile_step``, ``finish``.
+
+The disabled path is the product's hot path: on an unprofiled step or rank a decorated call
+costs one plain closure and one attribute read (``benchmarks/overhead.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar, overload
+
+from instrument import naming
+from instrument._session import STATE, Session, start_session
+from instrument.config import ProfilerConfig
+
+__all__ = ["configure", "finish", "profile_step", "profile_window", "profiled_stage"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, world_size: int | None = None) -> Session:
+    """Start a run for this process; rank and world size are detected when not given.
+
+    Raises ``ValueError`` naming a selected rank outside the world. After this call nothing
+    the SDK does raises into training. Call again after :func:`finish` for a new run.
+    """
+    return start_session(config, role=role, rank=rank, world_size=world_size)
+
+
+def finish() -> list[str]:
+    """End the run: close open traces, wait for exports, run the finish hook; idempotent.
+
+    Returns the paths of the files written. Also runs at interpreter exit.
+    """
+    session = STATE.session
+    return [] if session is None else session.finish()
+
+
+class profiled_stage:  # noqa: N801 - reads as a function at call sites, like contextlib's helpers
+    """Mark a stage of work: ``@profiled_stage("update_actor", scheduled=True)`` or ``with profiled_stage("gen"):``.
+
+    ``scheduled=True`` marks an update stage whose ``profile_window`` calls advance the schedule.
+    Works on functions, methods, static and class methods and ``async def`` coroutines.
+    """
+
+    __slots__ = ("_frames", "name", "scheduled")
+
+    def __init__(self, name: str, *, scheduled: bool = False) -> None:
+        if callable(name):
+            raise TypeError(
+                'profiled_stage needs a stage name: write @profiled_stage("update_actor"), '
+                f"not @profiled_stage (got {getattr(name, '__qualname__', name)!r})"
+            )
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"'name' must be a non-empty stage name such as 'update_actor': {name!r}")
+        naming.sanitize_label(name)  # fails now, not at the first profiled step
+        if not isinstance(scheduled, bool):
+            raise TypeError(f"'scheduled' must be true or false: {scheduled!r}")
+        self.name = name
+        self.scheduled = scheduled
+        self._frames: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"profiled_stage({self.name!r}, scheduled={self.scheduled})"
+
+    # -- as a context manager
+
+    def __enter__(self) -> profiled_stage:
+        session = STATE.session
+        if STATE.recording and session is not None:
+            self._frames.append(session.enter_stage(self.name, self.scheduled))
+        else:
+            self._frames.append(None)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        frame = self._frames.pop() if self._frames else None
+        session = STATE.session
+        if frame is not None and session is not None:
+            session.exit_stage(frame)
+
+    # -- as a decorator
+
+    @overload
+    def __call__(self, func: staticmethod[Any, Any]) -> staticmethod[Any, Any]: ...
+    @overload
+    def __call__(self, func: classmethod[Any, Any, Any]) -> classmethod[Any, Any, Any]: ...
+    @overload
+    def __call__(self, func: _F) -> _F: ...
+
+    def __call__(self, func: Any) -> Any:
+        if isinstance(func, staticmethod):
+            return staticmethod(self(func.__func__))
+        if isinstance(func, classmethod):
+            return classmethod(self(func.__func__))
+        if not callable(func):
+            raise TypeError(f"profiled_stage({self.name!r}) decorates a callable, not {func!r}")
+        return _wrap(func, self.name, self.scheduled)
+
+
+def _wrap(func: Callable[..., Any], name: str, scheduled: bool) -> Callable[..., Any]:
+    # Only plain values in the closure: Ray pickles worker classes by value.
+    state = STATE
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def stage_coroutine(*args: Any, **kwargs: Any) -> Any:
+            session = state.session
+            if not state.recording or session is None:
+                return await func(*args, **kwargs)
+            frame = session.enter_stage(name, scheduled)
+            try:
+                return await func(*args, **kwargs)  # the range covers the awaited work
+            finally:
+                session.exit_stage(frame)
+
+        return stage_coroutine
+
+    @functools.wraps(func)
+    def stage(*args: Any, **kwargs: Any) -> Any:
+        if not state.recording:
+            return func(*args, **kwargs)
+        session = state.session
+        if session is None:
+            return func(*args, **kwargs)
+        frame = session.enter_stage(name, scheduled)
+        try:
+            return func(*args, **kwargs)
+        finally:
+            session.exit_stage(frame)
+
+    return stage
+
+
+class _Window:
+    """The context manager ``profile_window`` returns while recording."""
+
+    __slots__ = ("_close", "_frame", "_session", "mini_batch")
+
+    def __init__(self, session: Session, mini_batch: int) -> None:
+        self._session = session
+        self.mini_batch = mini_batch
+        self._frame: Any = None
+        self._close: Any = None
+
+    def __enter__(self) -> _Window:
+        self._frame, self._close = self._session.enter_window(self.mini_batch)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._session.exit_window(self._frame, self._close)
+
+
+class _Idle:
+    """The shared, do-nothing context manager of unprofiled steps and ranks."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> _Idle:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+
+_IDLE = _Idle()
+
+
+def profile_window(*, mini_batch: int) -> _Window | _Idle:
+    """Mark one optimizer update (``mini_batch`` counts from 0); in a scheduled stage it advances the schedule."""
+    if not STATE.recording:
+        return _IDLE
+    session = STATE.session
+    if session is None:
+        return _IDLE
+    return _Window(session, mini_batch)
+
+
+class profile_step:  # noqa: N801 - a context manager read as a verb
+    """Open and close profiling for RL step ``step``: ``with profile_step(step, last=(step == n)):``.
+
+    Profiling happens only if the step and this rank are selected. ``last=True`` runs the finish
+    hook after this step, even if it is not profiled.
+    """
+
+    __slots__ = ("last", "step")
+
+    def __init__(self, step: int, *, last: bool = False) -> None:
+        if isinstance(step, bool) or not isinstance(step, int):
+            raise TypeError(f"'step' must be an int (1-based RL step): {step!r}")
+        if step < 0:
+            raise ValueError(f"'step' must be >= 0: {step}")
+        self.step = step
+        self.last = bool(last)
+
+    def __enter__(self) -> profile_step:
+        session = STATE.session
+        if session is not None:
+            session.begin_step(self.step)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        session = STATE.session
+        if session is not None:
+            session.end_step(last=self.last)

@@ -1,0 +1,468 @@
+"""The end of a profiling run: relocate result files, then run the user's finish hook.
+
+* :func:`hook_environment` builds the ``INSTRUMENT_PROFILE_*`` variables the hook reads.
+* :func:`run_finish_hook` runs ``/bin/sh -c CMD`` once, in its own process group, with those
+  values only in the environment (never spliced into ``CMD``), streams its output into the log and
+  kills the whole group at the timeout.  It never raises: a broken hook must not break training.
+* :func:`move_into` moves a file into a directory without ever overwriting, also across
+  filesystems (copy to a temp name, fsync, exclusive link into place, then remove the source).
+* :func:`wait_until_stable` waits for a file another process writes to stop changing.
+
+Standard library only (plus ``instrument.*``).  See ``docs/finish-hook.md``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import errno
+import logging
+import os
+import secrets
+import shutil
+import signal
+import stat
+import subprocess
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, BinaryIO
+
+__all__ = [
+    "ENV_PREFIX",
+    "HookResult",
+    "hook_environment",
+    "move_into",
+    "run_finish_hook",
+    "wait_until_stable",
+]
+
+logger = logging.getLogger("instrument")
+_output_logger = logger.getChild("finish_hook")  # the hook's own output lines, so they can be filtered apart
+
+ENV_PREFIX = "INSTRUMENT_PROFILE_"
+"""Prefix of every variable :func:`hook_environment` sets."""
+
+TAIL_LINES = 20
+"""Lines of hook output kept in :attr:`HookResult.tail`."""
+
+MAX_LOGGED_LINES = 200
+"""Hook output lines logged per run; the rest are counted, not shown."""
+
+_TERM_GRACE_S = 2.0  # between SIGTERM and SIGKILL of the hook's process group
+_REAP_TIMEOUT_S = 5.0  # waiting for the killed shell itself (a process in D state may take a while)
+_READER_GRACE_S = 2.0  # draining output still buffered in the pipe after the shell exited
+_READ_CHUNK = 1 << 16
+_MAX_LINE_BYTES = 8192  # a longer line is cut into pieces, so one endless line cannot eat memory
+_COPY_CHUNK = 1 << 20
+# link(2) fails with these where the filesystem has no hard links (FAT, some FUSE and network mounts).
+_NO_HARDLINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK})
+# fsync(2) on a directory fails with these where the filesystem does not support it; nothing to do then.
+_NO_DIR_FSYNC = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF})
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def hook_environment(
+    *,
+    save_path: str,
+    tool: str,
+    role: str,
+    rank: int,
+    world_size: int,
+    pid: int,
+    steps: Sequence[int],
+    manifest: str,
+) -> dict[str, str]:
+    """The ``INSTRUMENT_PROFILE_*`` variables for the finish hook.
+
+    ``SAVE_PATH`` and ``MANIFEST`` are made absolute (the hook may ``cd``); ``STEPS`` lists the
+    profiled steps ascending, comma-separated (empty when none).  Values are passed as they are:
+    the hook reads them as data, so they need no quoting.
+    """
+    return {
+        f"{ENV_PREFIX}SAVE_PATH": os.path.abspath(save_path),
+        f"{ENV_PREFIX}TOOL": tool,
+        f"{ENV_PREFIX}ROLE": role,
+        f"{ENV_PREFIX}RANK": str(rank),
+        f"{ENV_PREFIX}WORLD_SIZE": str(world_size),
+        f"{ENV_PREFIX}PID": str(pid),
+        f"{ENV_PREFIX}STEPS": ",".join(str(s) for s in sorted(set(steps))),
+        f"{ENV_PREFIX}MANIFEST": os.path.abspath(manifest) if manifest else "",
+    }
+
+
+# --------------------------------------------------------------------------- running the hook
+
+
+@dataclass(frozen=True)
+class HookResult:
+    """How a finish hook run ended."""
+
+    returncode: int | None
+    """The shell's exit status (negative: killed by that signal, not by us); ``None`` if it never ran
+    or was killed at the timeout."""
+    timed_out: bool
+    duration_s: float
+    tail: tuple[str, ...]
+    """The last lines of output (at most :data:`TAIL_LINES`)."""
+    error: str | None
+    """Why the hook could not run, if so."""
+
+    @property
+    def ok(self) -> bool:
+        """True when the hook ran to the end and exited 0."""
+        return self.error is None and not self.timed_out and self.returncode == 0
+
+
+class _OutputReader:
+    """Drains a pipe line by line: logs the first lines, counts the rest, keeps the last ones.
+
+    It reads whole chunks and only decodes the lines it logs or keeps, so a hook printing
+    megabytes costs little and is never blocked on a full pipe.
+    """
+
+    def __init__(self, stream: IO[bytes], log_prefix: str) -> None:
+        self._stream = stream
+        self._prefix = log_prefix
+        self._lock = threading.Lock()
+        self._tail: collections.deque[bytes] = collections.deque(maxlen=TAIL_LINES)
+        self._total = 0
+        self._logged = 0
+        self._quiet = False
+
+    def run(self) -> None:
+        pending = b""
+        try:
+            fd = self._stream.fileno()
+            while chunk := os.read(fd, _READ_CHUNK):
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                while len(pending) > _MAX_LINE_BYTES:
+                    lines.append(pending[:_MAX_LINE_BYTES])
+                    pending = pending[_MAX_LINE_BYTES:]
+                self._take(lines)
+            if pending:
+                self._take([pending])
+        except Exception:  # a reader must never die loudly in a daemon thread
+            logger.debug("%s reading finish hook output failed", self._prefix, exc_info=True)
+        finally:
+            self._stream.close()
+
+    def _take(self, lines: list[bytes]) -> None:
+        with self._lock:
+            self._total += len(lines)
+            room = 0 if self._quiet else max(0, MAX_LOGGED_LINES - self._logged)
+            shown = lines[:room]
+            self._logged += len(shown)
+            self._tail.extend(lines[-TAIL_LINES:])
+        for raw in shown:
+            _output_logger.info("%s %s", self._prefix, _decode(raw))
+
+    def finish(self) -> tuple[tuple[str, ...], int]:
+        """Stop logging; return the tail and how many lines were not logged."""
+        with self._lock:
+            self._quiet = True
+            return tuple(_decode(raw) for raw in self._tail), self._total - self._logged
+
+
+def _decode(raw: bytes) -> str:
+    return raw.decode("utf-8", errors="replace").rstrip("\r")
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether process group ``pgid`` still has a member that is not a zombie.
+
+    Killed orphans become zombies of the init process, and a container's init (or a training
+    script running as PID 1) may reap them late or never; ``killpg(pgid, 0)`` counts zombies, so
+    on Linux ``/proc`` is read instead.
+    """
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.exists("/proc/self/stat"):
+        return True
+    with os.scandir("/proc") as entries:
+        for entry in entries:
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(os.path.join(entry.path, "stat"), "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            # After the command name: state, ppid, pgrp.
+            if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
+                return True
+    return False
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the hook's process group, give it a grace period, then SIGKILL whatever is left.
+
+    The shell leads its own group (``start_new_session``), so ``pgid == proc.pid``.  The group is
+    signalled even after the shell exited: its background children stay in the group.  Until the
+    last member is gone the kernel does not reuse that number, so the SIGKILL cannot hit a stranger
+    (except in the tiny window where the group empties between our check and the signal).
+    """
+    pgid = proc.pid
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + _TERM_GRACE_S
+    while time.monotonic() < deadline:
+        proc.poll()  # reap the shell, or it lingers as a zombie member of the group
+        if not _group_alive(pgid):
+            break
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    try:
+        proc.wait(timeout=_REAP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        logger.warning("finish hook shell (pid %d) did not exit after SIGKILL", pgid)
+
+
+def run_finish_hook(cmd: str, *, env: Mapping[str, str], timeout_s: float, log_prefix: str) -> HookResult:
+    """Run ``/bin/sh -c cmd`` once with ``env`` added to this process's environment; never raises.
+
+    The hook runs in its own process group with stdin from ``/dev/null``; its output (stdout and
+    stderr together) is logged line by line as ``"{log_prefix} {line}"`` (the first
+    :data:`MAX_LOGGED_LINES` lines).  At ``timeout_s`` the whole group gets SIGTERM, then SIGKILL.
+    """
+    start = time.monotonic()
+    try:
+        return _run(cmd, env, timeout_s, log_prefix, start)
+    except Exception as exc:
+        logger.warning("%s finish hook failed: %s: %s", log_prefix, type(exc).__name__, exc)
+        return HookResult(None, False, time.monotonic() - start, (), f"{type(exc).__name__}: {exc}")
+
+
+def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, start: float) -> HookResult:
+    logger.info("%s running finish hook (timeout %g s): %s", log_prefix, timeout_s, cmd)
+    try:
+        proc = subprocess.Popen(
+            ["/bin/sh", "-c", cmd],
+            env={**os.environ, **env},
+            start_new_session=True,  # its own process group: a timeout kills the hook's children too
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+    except (OSError, ValueError, subprocess.SubprocessError) as exc:
+        # ValueError: a NUL byte in a value; OSError: no /bin/sh, no memory, too many processes.
+        error = f"{type(exc).__name__}: {exc}"
+        logger.warning("%s finish hook could not start: %s", log_prefix, error)
+        return HookResult(None, False, time.monotonic() - start, (), error)
+
+    assert proc.stdout is not None
+    reader = _OutputReader(proc.stdout, log_prefix)
+    thread = threading.Thread(target=reader.run, name="instrument-finish-hook-output", daemon=True)
+    timed_out = False
+    returncode: int | None
+    try:
+        thread.start()
+        try:
+            returncode = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            returncode = None
+            _kill_group(proc)
+    except BaseException:
+        # Interrupted (KeyboardInterrupt, a failing thread start): leave no hook process behind.
+        if proc.poll() is None:
+            _kill_group(proc)
+        raise
+
+    # A process the hook put in another group or session may still hold the pipe open: give the
+    # reader a moment to drain what is buffered, then abandon it (a daemon thread) rather than hang.
+    thread.join(_READER_GRACE_S)
+    if thread.is_alive():
+        logger.warning(
+            "%s a background process of the finish hook still holds its output open; not waiting for it",
+            log_prefix,
+        )
+    tail, not_shown = reader.finish()
+    duration = time.monotonic() - start
+    if not_shown:
+        _output_logger.info("%s ... %d more output lines not shown", log_prefix, not_shown)
+
+    shown_tail = "".join(f"\n    {line}" for line in tail) or " (no output)"
+    if timed_out:
+        logger.warning(
+            "%s finish hook timed out after %g s and was killed (SIGTERM, then SIGKILL to its group); last output:%s",
+            log_prefix,
+            timeout_s,
+            shown_tail,
+        )
+    elif returncode is not None and returncode != 0:
+        how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        logger.warning("%s finish hook %s after %.1f s; last output:%s", log_prefix, how, duration, shown_tail)
+    else:
+        logger.info("%s finish hook succeeded in %.1f s", log_prefix, duration)
+    return HookResult(returncode, timed_out, duration, tail, None)
+
+
+# --------------------------------------------------------------------------- relocating files
+
+
+def _copy_bytes(fsrc: BinaryIO, fdst: BinaryIO) -> None:
+    """Copy an open source into an open temp file.
+
+    A module-level seam: tests replace it to simulate a racing writer or a short copy in the
+    cross-filesystem path of :func:`move_into`; nothing else does.
+    """
+    shutil.copyfileobj(fsrc, fdst, _COPY_CHUNK)
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_DIR_FSYNC:
+            raise
+    finally:
+        os.close(fd)
+
+
+def _place_exclusively(src: Path, dest: Path) -> None:
+    """Give ``src``'s file the name ``dest`` and drop the name ``src``; never replace an existing ``dest``.
+
+    ``os.rename`` silently replaces an existing destination, and checking first leaves a race.
+    ``os.link`` fails with EEXIST atomically, so two movers (or a mover and a writer) can never
+    clobber each other; the source name is removed only once the link exists.  Where the filesystem
+    has no hard links, an ``O_EXCL`` placeholder reserves ``dest`` and ``rename`` replaces only that
+    placeholder, which is ours.  Raises ``OSError`` (EXDEV across filesystems) with ``src`` in place.
+    """
+    try:
+        os.link(src, dest, follow_symlinks=False)
+    except OSError as exc:
+        if exc.errno not in _NO_HARDLINKS:
+            raise
+    else:
+        try:
+            os.unlink(src)
+        except OSError:
+            os.unlink(dest)  # undo: on failure the file is only where it was
+            raise
+        return
+    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    os.close(fd)
+    try:
+        os.rename(src, dest)
+    except BaseException:
+        os.unlink(dest)
+        raise
+
+
+def _copy_across(src: Path, dest: Path, src_stat: os.stat_result) -> None:
+    """Copy ``src`` to a temp name beside ``dest``, fsync it, place it exclusively, then drop ``src``.
+
+    On any failure the temp file is removed and ``src`` stays where it was.
+    """
+    stem = dest.name[:200]  # the temp name must stay under the 255-byte name limit
+    tmp = dest.parent / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    placed = False
+    try:
+        with open(src, "rb") as fsrc, os.fdopen(fd, "wb") as fdst:
+            _copy_bytes(fsrc, fdst)
+            fdst.flush()
+            os.fchmod(fdst.fileno(), stat.S_IMODE(src_stat.st_mode))
+            os.utime(fdst.fileno(), ns=(src_stat.st_atime_ns, src_stat.st_mtime_ns))
+            os.fsync(fdst.fileno())
+            copied = os.fstat(fdst.fileno()).st_size
+            now = os.fstat(fsrc.fileno()).st_size
+        if not copied == now == src_stat.st_size:
+            raise OSError(errno.EIO, f"copy is {copied} bytes, source {now} (was {src_stat.st_size})", str(src))
+        _place_exclusively(tmp, dest)
+        placed = True
+        _fsync_dir(dest.parent)
+        if os.stat(dest).st_size != src_stat.st_size:
+            raise OSError(errno.EIO, "size changed after the copy was placed", str(dest))
+        os.unlink(src)
+    except BaseException:
+        # Undo: once placed, the copy goes again (the source is still there); before, the temp file.
+        leftover = dest if placed else tmp
+        try:
+            leftover.unlink(missing_ok=True)
+        except OSError:
+            logger.warning("could not remove %s after a failed move", leftover)
+        raise
+
+
+def move_into(src: str | os.PathLike[str], dest_dir: str | os.PathLike[str], name: str | None = None) -> Path:
+    """Move the regular file ``src`` into ``dest_dir`` (as ``name``, default its own name); return the new path.
+
+    Never overwrites: an existing destination raises ``FileExistsError``.  Across filesystems the
+    file is copied to a temp name in ``dest_dir``, fsynced, placed exclusively, the directory
+    fsynced, sizes compared, and only then is the source removed.  Raises ``OSError`` on failure,
+    leaving the source in place and no temp file behind; ``ValueError`` for a ``name`` that is not a
+    plain file name.  If ``src`` already is the destination it is returned unchanged.
+    """
+    source = Path(src)
+    directory = Path(dest_dir)
+    name = source.name if name is None else name
+    if not name or name in (".", "..") or "/" in name or "\0" in name:
+        raise ValueError(f"'name' must be a plain file name: {name!r}")
+    dest = directory / name
+
+    src_stat = os.lstat(source)
+    if not stat.S_ISREG(src_stat.st_mode):
+        raise OSError(errno.EINVAL, "not a regular file", str(source))
+    try:
+        dest_stat: os.stat_result | None = os.lstat(dest)
+    except FileNotFoundError:
+        dest_stat = None
+    if dest_stat is not None:
+        if os.path.samestat(src_stat, dest_stat):
+            if source.name == name and os.path.samestat(os.stat(source.parent), os.stat(directory)):
+                return dest  # the very same directory entry: nothing to move
+            # Two names for one file: an earlier move stopped between link and unlink. Finish it.
+            os.unlink(source)
+            return dest
+        raise FileExistsError(errno.EEXIST, "destination exists; not overwriting", str(dest))
+
+    try:
+        _place_exclusively(source, dest)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        _copy_across(source, dest, src_stat)
+    return dest
+
+
+# --------------------------------------------------------------------------- waiting for writers
+
+
+def wait_until_stable(
+    path: str | os.PathLike[str], *, quiet_s: float = 0.5, timeout_s: float = 60.0, poll_s: float = 0.1
+) -> bool:
+    """Wait until ``path``'s size and mtime have not changed for ``quiet_s`` seconds.
+
+    Returns ``True`` then; ``False`` when ``timeout_s`` passes first or the file is missing or vanishes.
+    """
+    start = time.monotonic()
+    deadline = start + timeout_s
+    last: tuple[int, int, int] | None = None
+    since = start
+    while True:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return False
+        now = time.monotonic()
+        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if seen != last:
+            last, since = seen, now
+        elif now - since >= quiet_s:
+            return True
+        if now >= deadline:
+            return False
+        time.sleep(max(0.0, min(poll_s, deadline - now, since + quiet_s - now)))

@@ -1,0 +1,456 @@
+"""Per-process profiling state: role, rank, the current step, open stages and the backend.
+
+The public entry points (:mod:`instrument._api`) check one flag, :data:`STATE.recording`,
+before doing anything; it is true only while a profiled step is open on a profiled rank, so
+unprofiled steps and ranks cost one attribute read.  Everything after ``configure`` catches
+its own failures: one warning per kind of failure, a counter, and training goes on.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+from instrument import ranks as _ranks
+from instrument._finish import hook_environment, run_finish_hook
+from instrument._manifest import Manifest, TraceRecord
+from instrument.config import ProfilerConfig
+
+__all__ = ["STATE", "Session", "current_session", "detect_rank_and_world", "start_session"]
+
+logger = logging.getLogger("instrument")
+
+CONTINUOUS_STAGE = "continuous"
+"""Stage label of the one trace per step that continuous mode writes."""
+
+
+class Backend(Protocol):
+    """What the session needs from a backend (see ``instrument/backends``)."""
+
+    tool: str
+    windows_saved: int  # traces saved since the last start
+
+    @property
+    def tracing(self) -> bool: ...
+    def start(self, spec: Any) -> None: ...
+    def window_step(self) -> None: ...
+    def stop(self) -> None: ...
+    def enter_range(self, name: str) -> Callable[[], None]: ...
+    def flush(self) -> list[TraceRecord]: ...
+    def close(self) -> list[TraceRecord]: ...
+
+
+class _State:
+    """The flags the hot path reads."""
+
+    __slots__ = ("recording", "session")
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.session: Session | None = None
+
+
+STATE = _State()
+
+
+def current_session() -> Session | None:
+    """The session of this process, if ``configure`` was called."""
+    return STATE.session
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        logger.warning("instrument: ignoring %s=%r: not an integer", name, value)
+        return None
+
+
+def detect_rank_and_world() -> tuple[int, int, str]:
+    """Global rank, world size and where they came from.
+
+    In order: an initialised ``torch.distributed`` (only if torch is already imported: this
+    never imports torch), torchrun's ``RANK`` / ``WORLD_SIZE``, Ray Train's context (if Ray
+    is imported and a Train session is running), else rank 0 of 1.  Ray actors outside Ray
+    Train pass their place in the worker group to ``configure`` (the Ray integration does).
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                return int(dist.get_rank()), int(dist.get_world_size()), "torch.distributed"
+        except Exception as exc:  # a half-initialised process group
+            logger.debug("instrument: torch.distributed rank unavailable: %s", exc)
+    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
+    if rank is not None and world is not None:
+        return rank, world, "RANK/WORLD_SIZE"
+    train = sys.modules.get("ray.train")
+    if train is not None:
+        try:
+            context = train.get_context()
+            return int(context.get_world_rank()), int(context.get_world_size()), "ray.train"
+        except Exception as exc:  # not inside a Ray Train worker
+            logger.debug("instrument: no Ray Train context: %s", exc)
+    return 0, 1, "default"
+
+
+@dataclass
+class _Frame:
+    """One open stage."""
+
+    name: str
+    scheduled: bool
+    traced: bool = False
+    windowed: bool = False
+    close_range: Callable[[], None] | None = None
+    mini_batches: int = 0
+    window_open: bool = False
+    close_window: Callable[[], None] | None = None
+
+
+@dataclass
+class _Counters:
+    failures: int = 0
+    warned: set[str] = field(default_factory=set)
+
+
+class Session:
+    """One run of one process: what it profiles, what it wrote, and its finish hook."""
+
+    def __init__(self, config: ProfilerConfig, *, role: str, rank: int, world_size: int) -> None:
+        self.config = config
+        self.role = role
+        self.rank = rank
+        self.world_size = world_size
+        self.profiles_rank = config.profiles_rank(rank)
+        self.step: int | None = None
+        self.step_profiled = False
+        self.profiled_steps: list[int] = []
+        self.records: list[TraceRecord] = []
+        self.hook_ran = False
+        self.finished = False
+        self._frames: list[_Frame] = []
+        self._backend: Backend | None = None
+        self._backend_failed = False
+        self._manifest = Manifest(config.save_path)
+        self._counters = _Counters()
+        self._never_recorded: set[str] = set()
+        self._lock = threading.RLock()
+
+    # ------------------------------------------------------------------ failures
+
+    @property
+    def failures(self) -> int:
+        """How many SDK failures this run absorbed."""
+        return self._counters.failures
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        self._counters.failures += 1
+        if what in self._counters.warned:
+            logger.debug("instrument: %s: %s", what, exc)
+            return
+        self._counters.warned.add(what)
+        logger.warning(
+            "instrument: %s (role %s, rank %d): %s: %s; training continues",
+            what,
+            self.role,
+            self.rank,
+            type(exc).__name__,
+            exc,
+        )
+
+    # ------------------------------------------------------------------ backend
+
+    def _ensure_backend(self) -> Backend | None:
+        if self._backend is not None or self._backend_failed:
+            return self._backend
+        try:
+            Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
+            if self.config.tool == "torch":
+                from instrument.backends.torch import TorchBackend
+
+                self._backend = TorchBackend(self._manifest, self._fail)
+            else:
+                raise NotImplementedError(f"tool {self.config.tool!r} has no backend in this version")
+        except Exception as exc:
+            self._backend_failed = True
+            self._fail(f"cannot profile into {self.config.save_path!r}", exc)
+        return self._backend
+
+    def _spec(self, stage: str, schedule: Any = None) -> Any:
+        from instrument.backends.torch import TraceSpec
+
+        return TraceSpec(
+            save_path=self.config.save_path,
+            role=self.role,
+            stage=stage,
+            step=self.step if self.step is not None else 0,
+            rank=self.rank,
+            world_size=self.world_size,
+            contents=self.config.contents,
+            schedule=schedule,
+        )
+
+    # ------------------------------------------------------------------ steps
+
+    def begin_step(self, step: int) -> None:
+        """Start RL step ``step``; profiling opens if the step and this rank are selected."""
+        with self._lock:
+            try:
+                if self.step is not None:
+                    logger.warning("instrument: step %d began while step %s was open; closing it", step, self.step)
+                    self.end_step()
+                self.step = step
+                self.step_profiled = not self.finished and self.profiles_rank and self.config.profiles_step(step)
+                if not self.step_profiled:
+                    return
+                backend = self._ensure_backend()
+                if backend is None:
+                    self.step_profiled = False
+                    return
+                self.profiled_steps.append(step)
+                if not self.config.discrete:
+                    backend.start(self._spec(CONTINUOUS_STAGE))
+                STATE.recording = True
+            except Exception as exc:
+                self._fail(f"could not start profiling step {step}", exc)
+
+    def end_step(self, *, last: bool = False) -> None:
+        """End the open step; after the last one (``last`` or the last configured step) run the finish hook."""
+        with self._lock:
+            step, self.step = self.step, None
+            STATE.recording = False
+            try:
+                if self._backend is not None and self._backend.tracing and not self.config.discrete:
+                    self._backend.stop()
+            except Exception as exc:
+                self._fail(f"could not save the trace of step {step}", exc)
+            self.step_profiled = False
+            steps = self.config.steps
+            if last or (steps is not None and step is not None and step >= steps[-1]):
+                self.run_finish_hook()
+
+    # ------------------------------------------------------------------ stages and windows
+
+    def enter_stage(self, name: str, scheduled: bool) -> _Frame:
+        """A stage begins inside a profiled step."""
+        frame = _Frame(name, scheduled)
+        self._frames.append(frame)
+        backend = self._backend
+        if backend is None:
+            return frame
+        try:
+            if self.config.discrete and not backend.tracing:
+                windowed = scheduled and self.config.schedule is not None
+                backend.start(self._spec(name, self.config.schedule if windowed else None))
+                frame.traced, frame.windowed = True, windowed
+            if not frame.windowed:  # a window trace holds mini-batch ranges, not a cut stage range
+                frame.close_range = backend.enter_range(name)
+        except Exception as exc:
+            self._fail(f"could not start stage {name!r}", exc)
+        return frame
+
+    def exit_stage(self, frame: _Frame) -> None:
+        """The stage of ``frame`` ends (also when it raised)."""
+        if self._frames and self._frames[-1] is frame:
+            self._frames.pop()
+        elif frame in self._frames:
+            self._frames.remove(frame)
+        try:
+            if frame.close_range is not None:
+                frame.close_range()
+            if frame.traced and self._backend is not None:
+                self._backend.stop()
+                if frame.windowed and self._backend.windows_saved == 0:
+                    self._report_never_recorded(frame)
+        except Exception as exc:
+            self._fail(f"could not save the trace of stage {frame.name!r}", exc)
+
+    def _report_never_recorded(self, frame: _Frame) -> None:
+        if frame.name in self._never_recorded:
+            return
+        self._never_recorded.add(frame.name)
+        logger.warning(
+            "instrument: stage %r ran %d mini-batches at step %s but its schedule %s recorded none; "
+            "nothing was written (see `instrument plan`)",
+            frame.name,
+            frame.mini_batches,
+            self.step,
+            self.config.schedule,
+        )
+
+    def enter_window(self, mini_batch: int) -> tuple[_Frame | None, Callable[[], None] | None]:
+        """A mini-batch begins: record its range."""
+        frame = self._frames[-1] if self._frames else None
+        backend = self._backend
+        if backend is None:
+            return frame, None
+        close = None
+        try:
+            close = backend.enter_range(f"mini_batch{mini_batch}")
+        except Exception as exc:
+            self._fail("could not record a mini-batch range", exc)
+        if frame is not None:
+            frame.window_open, frame.close_window = True, close
+        return frame, close
+
+    def exit_window(self, frame: _Frame | None, close_range: Callable[[], None] | None) -> None:
+        """A mini-batch ends: close its range and, in a scheduled stage's trace, advance the schedule."""
+        try:
+            if close_range is not None:
+                close_range()
+            if frame is not None:
+                frame.window_open, frame.close_window = False, None
+                frame.mini_batches += 1
+                if frame.windowed and self._backend is not None:
+                    self._backend.window_step()
+        except Exception as exc:
+            self._fail("could not advance the mini-batch schedule", exc)
+
+    # ------------------------------------------------------------------ the end
+
+    def _collect(self) -> None:
+        if self._backend is not None:
+            try:
+                self.records.extend(self._backend.flush())
+            except Exception as exc:
+                self._fail("could not finish exporting traces", exc)
+
+    def run_finish_hook(self) -> None:
+        """Run the finish command once, on the chosen ranks, after every trace is on disk."""
+        hook = self.config.finish_hook
+        if self.hook_ran or hook is None or not self.config.active:
+            return
+        self.hook_ran = True
+        if not (hook.all_ranks or self.rank in hook.ranks):
+            return
+        self._collect()
+        try:
+            env = hook_environment(
+                save_path=self.config.save_path,
+                tool=self.config.tool,
+                role=self.role,
+                rank=self.rank,
+                world_size=self.world_size,
+                pid=os.getpid(),
+                steps=sorted(set(self.profiled_steps)),
+                manifest=str(self._manifest.path.absolute()),
+            )
+            run_finish_hook(
+                hook.cmd, env=env, timeout_s=hook.timeout_s, log_prefix=f"[instrument {self.role} rank {self.rank}]"
+            )
+        except Exception as exc:
+            self._fail("could not run the finish hook", exc)
+
+    def flush(self) -> None:
+        """Close whatever is open and wait for exports (a SIGTERM path: no finish hook)."""
+        with self._lock:
+            STATE.recording = False
+            for frame in reversed(list(self._frames)):
+                if frame.window_open:  # interrupted inside a mini-batch: the trace holds it too
+                    self.exit_window(frame, frame.close_window)
+                self.exit_stage(frame)
+            if self._backend is not None:
+                try:
+                    self.records.extend(self._backend.close())
+                except Exception as exc:
+                    self._fail("could not flush traces", exc)
+
+    def finish(self, *, run_hook: bool = True) -> list[str]:
+        """End the run: close everything, wait for exports, run the finish hook; idempotent."""
+        with self._lock:
+            if not self.finished:
+                if self.step is not None:
+                    self.end_step()
+                self.flush()
+                if run_hook:
+                    self.run_finish_hook()
+                self.finished = True
+            return [record.path for record in self.records]
+
+
+# ---------------------------------------------------------------------- process-wide wiring
+
+_previous_sigterm: Any = None
+_sigterm_installed = False
+_atexit_registered = False
+
+
+def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    session = STATE.session
+    if session is not None:
+        session.flush()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous in (signal.SIG_DFL, None):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _at_exit() -> None:
+    session = STATE.session
+    if session is not None:
+        session.finish()
+
+
+def _install_process_hooks() -> None:
+    global _previous_sigterm, _sigterm_installed, _atexit_registered
+    if not _atexit_registered:
+        atexit.register(_at_exit)
+        _atexit_registered = True
+    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
+        try:
+            _previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
+            _sigterm_installed = True
+        except (ValueError, OSError) as exc:  # not the main interpreter, or signals unavailable
+            logger.debug("instrument: no SIGTERM handler: %s", exc)
+
+
+def uninstall_process_hooks() -> None:
+    """Restore the SIGTERM handler found at install time (tests)."""
+    global _sigterm_installed
+    if _sigterm_installed and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _previous_sigterm if _previous_sigterm is not None else signal.SIG_DFL)
+        _sigterm_installed = False
+
+
+def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_size: int | None) -> Session:
+    """Validate and install a new session for this process."""
+    if not isinstance(config, ProfilerConfig):
+        raise TypeError(f"'config' must be a ProfilerConfig: {config!r}")
+    if not isinstance(role, str) or not role.strip():
+        raise ValueError(f"'role' must be a non-empty string such as 'actor': {role!r}")
+    from instrument.naming import sanitize_label
+
+    sanitize_label(role)
+    if rank is None or world_size is None:
+        detected_rank, detected_world, _source = detect_rank_and_world()
+        rank = detected_rank if rank is None else rank
+        world_size = detected_world if world_size is None else world_size
+    _ranks.validate_ranks([rank], world_size, field="rank")
+    if config.active and not config.all_ranks:
+        _ranks.validate_ranks(config.ranks, world_size)
+    if config.finish_hook is not None and not config.finish_hook.all_ranks:
+        _ranks.validate_ranks(config.finish_hook.ranks, world_size, field="finish_hook.ranks")
+    previous = STATE.session
+    if previous is not None and not previous.finished:
+        logger.warning("instrument: configure() called while a run was open; finishing that run first")
+        previous.finish()
+    session = Session(config, role=role, rank=rank, world_size=world_size)
+    STATE.recording = False
+    STATE.session = session
+    _install_process_hooks()
+    return session

@@ -1,0 +1,1 @@
+"""Backends that record traces (loaded lazily: importing instrument never imports them)."""
