@@ -208,7 +208,13 @@ def test_export_failure_is_absorbed_and_counted(tmp_path: Path, caplog: pytest.L
 
 def test_hostile_role_and_path_are_data(tmp_path: Path) -> None:
     save = tmp_path / "we ird; $(touch PWNED) `x` é"
-    cfg = _cfg(save, steps=(1,), finish_hook=ins.FinishHook(cmd='ls "$INSTRUMENT_PROFILE_SAVE_PATH" > listing'))
+    cfg = _cfg(
+        save,
+        steps=(1,),
+        finish_hook=ins.FinishHook(
+            cmd='ls "$INSTRUMENT_PROFILE_SAVE_PATH" > "$INSTRUMENT_PROFILE_SAVE_PATH/../listing"'
+        ),
+    )
     ins.configure(cfg, role="actor;rm -rf $(x)", rank=0, world_size=1)
     with ins.profile_step(1, last=True):
         Worker().compute_log_prob()
@@ -216,6 +222,7 @@ def test_hostile_role_and_path_are_data(tmp_path: Path) -> None:
     assert len(files) == 1
     assert Path(files[0]).parent == save
     assert Path(files[0]).name.startswith("actor-rm--rf---x-_compute-log-prob_step1_")
+    assert Path(files[0]).name in (tmp_path / "listing").read_text()
     assert not list(tmp_path.rglob("PWNED"))
 
 
