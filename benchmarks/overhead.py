@@ -1,0 +1,204 @@
+"""What instrument costs the training loop, measured side by side in one run.
+
+Prints, for this machine:
+  1. unprofiled step or rank: the added cost of ``@profiled_stage`` next to a plain
+     ``functools.wraps`` closure (goal: <= 1.5x), and ``profile_window`` (goal: <= 250 ns);
+     ``wrapt`` and ``torch.profiler.record_function`` for reference;
+  2. profiled step: the cost of one stage range (goal: <= 1.5 us);
+  3. training-thread time per saved window against ``export_chrome_trace("x.json.gz")``
+     on the same trace (goal: <= 1/5).
+
+Run: ``.venv/bin/python benchmarks/overhead.py``. Numbers are best-of-7 medians of many calls;
+nothing here is asserted in tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import statistics
+import tempfile
+import time
+import timeit
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import wrapt
+
+import instrument as ins
+import instrument.testing
+from instrument._session import STATE
+
+N = 200_000
+
+
+def _best_ns(fn: Callable[[], Any], number: int = N) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e9
+
+
+def target(x: int) -> int:
+    return x
+
+
+def plain_wrapper(func: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+@wrapt.decorator
+def wrapt_passthrough(wrapped: Callable[..., Any], instance: Any, args: Any, kwargs: Any) -> Any:
+    return wrapped(*args, **kwargs)
+
+
+def unprofiled_costs() -> dict[str, float]:
+    """Per-call nanoseconds with profiling off (configured, step not profiled on this rank)."""
+    with tempfile.TemporaryDirectory() as save:
+        ins.configure(ins.ProfilerConfig(save_path=save, steps=(999,)), role="actor", rank=0, world_size=1)
+        staged = ins.profiled_stage("update_actor")(target)
+        wrapped = plain_wrapper(target)
+        wrapt_wrapped = wrapt_passthrough(target)
+        with ins.profile_step(1):
+            bare = _best_ns(lambda: target(1))
+            costs = {
+                "bare call": bare,
+                "functools.wraps closure": _best_ns(lambda: wrapped(1)) - bare,
+                "@profiled_stage (off)": _best_ns(lambda: staged(1)) - bare,
+                "wrapt passthrough": _best_ns(lambda: wrapt_wrapped(1), N // 4) - bare,
+            }
+            with_window = _best_ns(_window_loop_body)
+            empty = _best_ns(_empty_loop_body)
+            costs["profile_window (off)"] = with_window - empty
+            rf = torch.autograd.profiler.record_function
+            costs["torch record_function (no profiler)"] = _best_ns(lambda: rf("x").__enter__(), N // 20)
+        instrument.testing.reset()
+    return costs
+
+
+def _window_loop_body() -> None:
+    with ins.profile_window(mini_batch=3):
+        pass
+
+
+def _empty_loop_body() -> None:
+    pass
+
+
+def profiled_range_cost() -> dict[str, float]:
+    """Per-stage nanoseconds inside a profiled (continuous-mode) step, profiler running."""
+    with tempfile.TemporaryDirectory() as save:
+        cfg = ins.ProfilerConfig(save_path=save, contents=("cpu",), steps=(1,), discrete=False)
+        ins.configure(cfg, role="actor", rank=0, world_size=1)
+        staged = ins.profiled_stage("stage")(target)
+        number = 20_000  # every call adds an event to the trace: keep it bounded
+        with ins.profile_step(1):
+            assert STATE.recording
+            bare = _best_ns(lambda: target(1), number)
+            stage = _best_ns(lambda: staged(1), number) - bare
+            from torch._C._profiler import _RecordFunctionFast
+
+            def fast() -> None:
+                with _RecordFunctionFast("x"):
+                    pass
+
+            raw = _best_ns(fast, number)
+        instrument.testing.reset()
+    return {"@profiled_stage (profiled step)": stage, "_RecordFunctionFast alone": raw}
+
+
+def export_costs() -> dict[str, float]:
+    """Seconds: training-thread time per saved window vs torch's gzip export of the same trace."""
+    with tempfile.TemporaryDirectory() as save:
+        schedule = ins.Schedule(active=4)
+        cfg = ins.ProfilerConfig(save_path=save, contents=("cpu", "shapes"), steps=(1,), schedule=schedule)
+        session = ins.configure(cfg, role="actor", rank=0, world_size=1)
+        handler_seconds: list[float] = []
+        model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(8)])
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        @ins.profiled_stage("update_actor", scheduled=True)
+        def update() -> float:
+            saved_at = 0.0
+            for i in range(4):
+                with ins.profile_window(mini_batch=i):
+                    for _ in range(20):
+                        opt.zero_grad()
+                        model(torch.randn(32, 64)).sum().backward()
+                        opt.step()
+                    start = time.perf_counter() if i == 3 else 0.0
+                if i == 3:  # the window's exit stepped the profiler, which saved the window
+                    saved_at = time.perf_counter() - start
+            return saved_at
+
+        with ins.profile_step(1):
+            backend = session._backend
+            assert backend is not None
+            handler = backend._on_trace_ready
+
+            def timed_handler(profile: Any) -> None:
+                start = time.perf_counter()
+                handler(profile)
+                handler_seconds.append(time.perf_counter() - start)
+
+            backend._on_trace_ready = timed_handler  # type: ignore[method-assign]
+            training_thread = update()
+        (path,) = ins.finish()
+
+        # The same work again under torch's own profiler, saved by its gzip export (one save per trace).
+        runs = []
+        for attempt in range(3):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True)
+            with prof:
+                for _ in range(4):
+                    for _ in range(20):
+                        opt.zero_grad()
+                        model(torch.randn(32, 64)).sum().backward()
+                        opt.step()
+            start = time.perf_counter()
+            prof.export_chrome_trace(str(Path(save) / f"torch-{attempt}.json.gz"))
+            runs.append(time.perf_counter() - start)
+        instrument.testing.reset()
+        return {
+            "training-thread time per saved window": training_thread,
+            "of which instrument's export": handler_seconds[0],
+            "torch export_chrome_trace(.json.gz)": statistics.median(runs),
+            "trace size (MB, gzip level 1)": os.path.getsize(path) / 1e6,
+        }
+
+
+def main() -> None:
+    logging.getLogger("instrument").setLevel(logging.ERROR)
+    off = unprofiled_costs()
+    on = profiled_range_cost()
+    export = export_costs()
+    print("1. unprofiled step or rank (added ns per call)")
+    for name, value in off.items():
+        print(f"   {name:40s} {value:8.0f} ns")
+    ratio = off["@profiled_stage (off)"] / off["functools.wraps closure"]
+    print(f"   ratio @profiled_stage / functools.wraps closure = {ratio:.2f}   (goal <= 1.5)")
+    print(f"   profile_window (off) = {off['profile_window (off)']:.0f} ns   (goal <= 250 ns)")
+    print("2. profiled step (ns per stage)")
+    for name, value in on.items():
+        print(f"   {name:40s} {value:8.0f} ns")
+    print(f"   goal: @profiled_stage (profiled step) <= 1500 ns -> {on['@profiled_stage (profiled step)']:.0f} ns")
+    print("3. saving a window (one 4-mini-batch window of a small MLP update)")
+    ours, theirs = export["training-thread time per saved window"], export["torch export_chrome_trace(.json.gz)"]
+    handler = export["of which instrument's export"]
+    print(f"   training-thread time per saved window    {ours * 1e3:8.1f} ms  (kineto's stop + our export)")
+    print(f"     of which instrument's export (JSON)    {handler * 1e3:8.1f} ms  (gzip runs in a background thread)")
+    print(f"   torch export_chrome_trace('x.json.gz')   {theirs * 1e3:8.1f} ms  (export only, after stop)")
+    print(f"   trace size                               {export['trace size (MB, gzip level 1)']:8.2f} MB gz")
+    print(f"   ratio our export / torch gzip export = {handler / theirs:.3f}   (goal <= 0.2)")
+    print(f"   ratio incl. kineto's stop            = {ours / theirs:.3f}   (stop is paid by any torch.profiler use)")
+
+
+if __name__ == "__main__":
+    main()
