@@ -25,9 +25,13 @@ test: lint
 test-fast: lint
 	$(BIN)/python -m pytest -m "not slow"
 
+# The main job: a small profiled PPO loop on the CPU (its own scratch folder is cleared first).
 demo: $(STAMP)
-	$(BIN)/instrument plan --config examples/verl_ppo.yaml --num-steps 4 --mini-batches 6 --world-size 8 \
-		--stage compute_log_prob --stage update_actor:scheduled
+	rm -rf outputs/demo
+	$(BIN)/instrument plan --config examples/demo.yaml --num-steps 4 --mini-batches 6 --role actor_rollout_ref \
+		--stage generate_sequences --stage compute_log_prob --stage compute_ref_log_prob --stage compute_values \
+		--stage update_critic:scheduled --stage update_actor:scheduled
+	$(BIN)/instrument demo --config examples/demo.yaml --num-steps 4
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -11,10 +11,7 @@ from dataclasses import dataclass, field
 from instrument import naming, ranks, schedule
 from instrument.config import ProfilerConfig
 
-__all__ = ["CONTINUOUS_STAGE", "PlannedTrace", "RunPlan", "StageSpec", "plan_run"]
-
-CONTINUOUS_STAGE = "continuous"
-"""Stage label of the one-trace-per-step file written in continuous mode."""
+__all__ = ["PlannedTrace", "RunPlan", "StageSpec", "plan_run"]
 
 
 @dataclass(frozen=True)
@@ -186,7 +183,7 @@ def _traces_of(
         return PlannedTrace(step=step, rank=rank, stage=stage, prefix=prefix, window=window)
 
     if not config.discrete:
-        return [trace(CONTINUOUS_STAGE)]
+        return [trace(naming.CONTINUOUS_STAGE)]
     out: list[PlannedTrace] = []
     for stage in stages:
         if stage.scheduled and config.schedule is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
 
+from instrument import naming
 from instrument import ranks as _ranks
 from instrument._finish import hook_environment, run_finish_hook
 from instrument._manifest import Manifest, TraceRecord
@@ -28,9 +29,6 @@ from instrument.config import ProfilerConfig
 __all__ = ["STATE", "Session", "current_session", "detect_rank_and_world", "start_session"]
 
 logger = logging.getLogger("instrument")
-
-CONTINUOUS_STAGE = "continuous"
-"""Stage label of the one trace per step that continuous mode writes."""
 
 
 class Backend(Protocol):
@@ -149,6 +147,15 @@ class Session:
         self._never_recorded: set[str] = set()
         self._lock = threading.RLock()
 
+    def profiles(self, step: int) -> bool:
+        """Whether this process records RL step ``step``."""
+        return self.profiles_rank and self.config.profiles_step(step)
+
+    @property
+    def manifest_path(self) -> Path:
+        """This process's manifest file (written once a trace is saved)."""
+        return self._manifest.path
+
     # ------------------------------------------------------------------ failures
 
     @property
@@ -222,7 +229,7 @@ class Session:
                     return
                 self.profiled_steps.append(step)
                 if not self.config.discrete:
-                    backend.start(self._spec(CONTINUOUS_STAGE))
+                    backend.start(self._spec(naming.CONTINUOUS_STAGE))
                 STATE.recording = True
             except Exception as exc:
                 self._fail(f"could not start profiling step {step}", exc)
@@ -433,9 +440,7 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         raise TypeError(f"'config' must be a ProfilerConfig: {config!r}")
     if not isinstance(role, str) or not role.strip():
         raise ValueError(f"'role' must be a non-empty string such as 'actor': {role!r}")
-    from instrument.naming import sanitize_label
-
-    sanitize_label(role)
+    naming.sanitize_label(role)
     if rank is None or world_size is None:
         detected_rank, detected_world, _source = detect_rank_and_world()
         rank = detected_rank if rank is None else rank

@@ -1,4 +1,4 @@
-"""The ``instrument`` command line: ``instrument plan`` (more subcommands arrive with their issues)."""
+"""The ``instrument`` command line: ``instrument plan`` and ``instrument demo``."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from instrument import _demo
 from instrument._runplan import RunPlan, StageSpec, plan_run
 from instrument._version import __version__
 from instrument.config import ProfilerConfig
@@ -79,6 +80,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--strict", action="store_true", help="exit 1 when the plan has warnings")
+    demo = commands.add_parser(
+        "demo",
+        help="run a small PPO loop on the CPU, profiled, and print where the traces are",
+        description="Run a tiny PPO-style RL loop on the CPU with torch, profiled as examples/demo.yaml says.",
+    )
+    _demo.add_arguments(demo)
     return parser
 
 
@@ -173,6 +180,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return _run_plan(args)
+        if args.command == "demo":
+            return _demo.main_from_args(args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"instrument {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 
 __all__ = [
+    "CONTINUOUS_STAGE",
     "LABEL_MAX_LEN",
     "TRACE_SUFFIX",
     "TraceName",
@@ -34,6 +35,9 @@ __all__ = [
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 """Suffix of torch traces; TensorBoard and HTA look for it."""
+
+CONTINUOUS_STAGE = "continuous"
+"""Stage label of the one trace per step that continuous mode writes."""
 
 LABEL_MAX_LEN = 40
 """Labels are cut to this many characters: three of them and the numbers stay below the 255-byte name limit."""

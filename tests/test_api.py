@@ -164,9 +164,8 @@ def test_with_and_decorator_forms_record_the_same_ranges(tmp_path: Path) -> None
     cfg = ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu",), steps=(1,), discrete=False)
     ins.configure(cfg, role="actor", rank=0, world_size=1)
     with ins.profile_step(1):
-        with ins.profiled_stage("gen"):
-            with ins.profile_window(mini_batch=7):
-                pass
+        with ins.profiled_stage("gen"), ins.profile_window(mini_batch=7):
+            pass
         Worker().method(1)
         Worker.static(1)
     (trace,) = ins.finish()

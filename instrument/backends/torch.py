@@ -207,6 +207,8 @@ class TorchBackend:
         basename = self._basename(spec, window, partial)
         json_path = Path(spec.save_path) / f".{basename}.json.tmp"
         profile.export_chrome_trace(str(json_path))
+        if not json_path.is_file():  # kineto logs a failed save instead of raising
+            raise OSError(f"torch.profiler wrote no trace to {json_path}")
         self.windows_saved += 1
         self._submit(_Export(json_path, spec, window, partial))
 
@@ -236,7 +238,7 @@ class TorchBackend:
                     return
                 self._compress(job)
             except BaseException as exc:  # the export thread must outlive any single failure
-                self._report(f"could not export {job.json_path if job else 'trace'}", exc)
+                self._report("could not compress and save a trace", exc)
             finally:
                 self._jobs.task_done()
 

@@ -1,0 +1,181 @@
+"""``instrument demo``: the PPO demo runs, profiles exactly the configured steps and archives the traces."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import subprocess
+import sys
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("yaml")
+
+import instrument.testing
+from instrument import schedule
+from instrument._demo import (
+    ARCHIVE_NAME,
+    DEFAULT_CONFIG,
+    NUM_MINI_BATCHES,
+    DemoResult,
+    add_arguments,
+    main_from_args,
+    run_demo,
+)
+from instrument.cli import load_config
+from instrument.naming import TRACE_SUFFIX, parse_trace_name
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / DEFAULT_CONFIG
+STAGES = {"generate-sequences", "compute-log-prob", "compute-ref-log-prob", "compute-values"}
+UPDATES = {"update-actor", "update-critic"}
+
+
+@pytest.fixture(autouse=True)
+def _clean_instrument() -> Iterator[None]:
+    instrument.testing.reset()
+    yield
+    instrument.testing.reset()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoResult, str]:
+    """One demo run of 4 steps (steps 2 and 4 profiled), shared by the tests that read its results."""
+    save_path = tmp_path_factory.mktemp("demo") / "profile"
+    out = io.StringIO()
+    instrument.testing.reset()
+    try:
+        result = run_demo(CONFIG, num_steps=4, overrides=[f"save_path={save_path}"], out=out)
+    finally:
+        instrument.testing.reset()
+    return result, out.getvalue()
+
+
+def _trace_files(save_path: Path) -> list[Path]:
+    return sorted(save_path.glob(f"*{TRACE_SUFFIX}"))
+
+
+def test_demo_config_records_mini_batches_2_to_3() -> None:
+    cfg = load_config(CONFIG)
+    assert cfg.tool == "torch" and cfg.discrete and cfg.steps == (2, 4)
+    assert cfg.schedule is not None
+    windows = schedule.plan(NUM_MINI_BATCHES, cfg.schedule)
+    assert [(w.first, w.last, w.partial) for w in windows] == [(2, 3, False)]
+    assert cfg.finish_hook is not None and ARCHIVE_NAME in cfg.finish_hook.cmd
+
+
+def test_traces_only_for_profiled_steps_with_stage_names(demo: tuple[DemoResult, str]) -> None:
+    result, _ = demo
+    assert result.profiled_steps == (2, 4)
+    on_disk = _trace_files(result.save_path)
+    assert sorted(result.traces) == on_disk
+    names = [parse_trace_name(p.name) for p in on_disk]
+    assert all(n is not None for n in names), [p.name for p in on_disk]
+    seen = {(n.step, n.stage, n.window) for n in names if n is not None}
+    expected: set[tuple[int, str, tuple[int, int] | None]] = {(s, stage, None) for s in (2, 4) for stage in STAGES}
+    expected |= {(s, stage, (2, 3)) for s in (2, 4) for stage in UPDATES}
+    assert seen == expected
+    assert len(on_disk) == len(expected)  # one trace per stage and profiled step, no more
+    assert all(
+        n is not None and (n.role, n.rank, n.world_size, n.partial) == ("actor-rollout-ref", 0, 1, False) for n in names
+    )
+    assert any("update-actor" in p.name and "_mb2-3_" in p.name for p in on_disk)
+
+
+def test_traces_are_gzipped_chrome_traces(demo: tuple[DemoResult, str]) -> None:
+    import gzip
+
+    result, _ = demo
+    trace = next(p for p in result.traces if "update-actor" in p.name)
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert any(e.get("name", "").startswith("aten::") for e in events)
+
+
+def test_manifest_lists_every_trace(demo: tuple[DemoResult, str]) -> None:
+    result, _ = demo
+    assert result.manifest is not None
+    assert result.manifest.parent == result.save_path
+    assert result.manifest.name.startswith("instrument-manifest-") and result.manifest.suffix == ".jsonl"
+    records = [json.loads(line) for line in result.manifest.read_text(encoding="utf-8").splitlines()]
+    assert {Path(r["path"]).name for r in records} == {p.name for p in result.traces}
+    assert {r["role"] for r in records} == {"actor_rollout_ref"}
+
+
+def test_finish_hook_archives_the_traces(demo: tuple[DemoResult, str]) -> None:
+    result, _ = demo
+    assert result.archive == result.save_path.parent / ARCHIVE_NAME
+    with tarfile.open(result.archive, "r:gz") as archive:
+        members = {Path(name).name for name in archive.getnames()}
+    assert {p.name for p in result.traces} <= members
+    assert result.manifest is not None and result.manifest.name in members
+
+
+def test_rewards_are_finite_and_learning(demo: tuple[DemoResult, str]) -> None:
+    result, _ = demo
+    assert len(result.rewards) == 4
+    assert all(math.isfinite(r) and 0.0 <= r <= 1.0 for r in result.rewards)
+    assert result.rewards[-1] > result.rewards[0]
+
+
+def test_output_has_a_line_per_step_and_names_the_paths(demo: tuple[DemoResult, str]) -> None:
+    result, text = demo
+    step_lines = [line for line in text.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in step_lines] == ["1/4", "2/4", "3/4", "4/4"]
+    assert [line.endswith("profiled") for line in step_lines] == [False, True, False, True]
+    assert str(result.save_path) in text
+    assert result.manifest is not None and str(result.manifest) in text
+    assert result.archive is not None and str(result.archive) in text
+    assert all(p.name in text for p in result.traces)
+
+
+def test_disabled_profiling_is_deterministic_and_writes_nothing(tmp_path: Path) -> None:
+    save_path = tmp_path / "profile"
+    runs = []
+    for _ in range(2):
+        out = io.StringIO()
+        runs.append(run_demo(CONFIG, num_steps=2, overrides=[f"save_path={save_path}", "enable=false"], out=out))
+        instrument.testing.reset()
+        assert "profiling: off" in out.getvalue()
+    assert runs[0].rewards == runs[1].rewards
+    assert runs[0].files == () and runs[0].profiled_steps == () and runs[0].archive is None
+    assert not save_path.exists()
+
+
+def test_steps_beyond_the_run_are_named(tmp_path: Path) -> None:
+    out = io.StringIO()
+    result = run_demo(CONFIG, num_steps=1, overrides=[f"save_path={tmp_path / 'p'}", "steps=[3]"], out=out)
+    assert result.profiled_steps == () and result.traces == ()
+    assert "step(s) 3 lie beyond step 1" in out.getvalue()
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 2.0])
+def test_bad_step_count_is_refused(bad: object) -> None:
+    with pytest.raises(ValueError, match="num_steps"):
+        run_demo(CONFIG, num_steps=bad, out=io.StringIO())  # type: ignore[arg-type]
+
+
+def test_command_line_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_path = tmp_path / "profile"
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--config", str(CONFIG), "--num-steps", "2", "--seed", "3", f"save_path={save_path}"])
+    assert (args.num_steps, args.seed, args.overrides) == (2, 3, [f"save_path={save_path}"])
+    assert main_from_args(args) == 0
+    printed = capsys.readouterr().out
+    assert "step 2/2" in printed and "profiled" in printed
+    assert {parse_trace_name(p.name).step for p in _trace_files(save_path)} == {2}  # type: ignore[union-attr]
+    assert (tmp_path / ARCHIVE_NAME).is_file()
+    defaults = parser.parse_args([])
+    assert (defaults.config, defaults.num_steps, defaults.overrides) == (DEFAULT_CONFIG, 4, [])
+
+
+def test_importing_the_demo_loads_no_torch() -> None:
+    code = "import sys, instrument._demo; print('torch' in sys.modules)"
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    assert loaded == "False"
