@@ -104,18 +104,29 @@ def detect_rank_and_world() -> tuple[int, int, str]:
     return 0, 1, "default"
 
 
-@dataclass
 class _Frame:
-    """One open stage."""
+    """One open stage (slots, no dataclass: built once per stage call on profiled steps)."""
 
-    name: str
-    scheduled: bool
-    traced: bool = False
-    windowed: bool = False
-    close_range: Callable[[], None] | None = None
-    mini_batches: int = 0
-    window_open: bool = False
-    close_window: Callable[[], None] | None = None
+    __slots__ = (
+        "close_range",
+        "close_window",
+        "mini_batches",
+        "name",
+        "scheduled",
+        "traced",
+        "window_open",
+        "windowed",
+    )
+
+    def __init__(self, name: str, scheduled: bool) -> None:
+        self.name = name
+        self.scheduled = scheduled
+        self.traced = False
+        self.windowed = False
+        self.close_range: Callable[[], None] | None = None
+        self.mini_batches = 0
+        self.window_open = False
+        self.close_window: Callable[[], None] | None = None
 
 
 @dataclass
