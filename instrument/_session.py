@@ -56,8 +56,17 @@ class _State:
         self.recording = False
         self.session: Session | None = None
 
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        # Decorated methods hold this object in their closure, and Ray pickles worker classes
+        # by value: unpickling must give the receiving process's own state, not a frozen copy.
+        return (_process_state, ())
+
 
 STATE = _State()
+
+
+def _process_state() -> _State:
+    return STATE
 
 
 def current_session() -> Session | None:

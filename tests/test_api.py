@@ -79,6 +79,31 @@ def test_decorated_functions_and_workers_survive_pickle() -> None:
     assert pickle.loads(pickle.dumps(Worker.method))(worker, 2) == 3
     stage = pickle.loads(pickle.dumps(ins.profiled_stage("gen", scheduled=True)))
     assert (stage.name, stage.scheduled) == ("gen", True)
+    assert pickle.loads(pickle.dumps(STATE)) is STATE  # by-value pickles of closures reach the live state
+
+
+def test_a_worker_class_pickled_by_value_records_in_the_receiving_process(tmp_path: Path) -> None:
+    cloudpickle = pytest.importorskip("cloudpickle")  # what Ray uses for classes it cannot import
+
+    class Local:  # defined in a function: not importable, so pickled by value, closures included
+        @ins.profiled_stage("local_stage")
+        def run(self) -> int:
+            return 1
+
+    payload = tmp_path / "worker.pkl"
+    payload.write_bytes(cloudpickle.dumps(Local))
+    script = (
+        "import pickle, sys, instrument as ins\n"
+        f"Local = pickle.loads(open({str(payload)!r}, 'rb').read())\n"
+        f"ins.configure(ins.ProfilerConfig(save_path={str(tmp_path)!r}, contents=('cpu',), steps=(1,)),"
+        " role='actor', rank=0, world_size=1)\n"
+        "with ins.profile_step(1):\n"
+        "    Local().run()\n"
+        "print(ins.finish())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "local-stage" in done.stdout
 
 
 def test_bare_decorator_shows_the_right_spelling() -> None:

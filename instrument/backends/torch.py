@@ -243,22 +243,26 @@ class TorchBackend:
                 self._jobs.task_done()
 
     def _compress(self, job: _Export) -> None:
-        final = self._create_exclusive(job)
+        # Compress under a hidden temporary name and publish with a hard link: a process killed
+        # mid-write leaves only temporaries (the plain JSON among them), never a truncated trace.
+        packed_path = job.json_path.with_name(job.json_path.name.removesuffix(".json.tmp") + ".gz.tmp")
         try:
             with (
                 job.json_path.open("rb") as source,
-                final.open("wb") as raw,
+                open(packed_path, "xb") as raw,
                 gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw, mtime=0) as packed,
             ):
                 shutil.copyfileobj(source, packed, 1 << 20)
+            final = self._publish(packed_path, job)
         except BaseException:
-            # Keep the plain JSON (a readable trace) rather than lose the window.
             with contextlib.suppress(OSError):
-                final.unlink()
-            kept = job.json_path.with_name(job.json_path.name.removeprefix(".").removesuffix(".tmp"))
+                packed_path.unlink()
+            # Keep the plain JSON, a readable trace, under a visible name rather than lose the window.
             with contextlib.suppress(OSError):
-                os.replace(job.json_path, kept)
+                os.link(job.json_path, job.json_path.with_name(job.json_path.name[1:].removesuffix(".tmp")))
+                job.json_path.unlink()
             raise
+        packed_path.unlink()
         job.json_path.unlink()
         record = TraceRecord(
             path=str(final),
@@ -276,17 +280,16 @@ class TorchBackend:
             self._done.append(record)
         self._manifest.append(record)
 
-    def _create_exclusive(self, job: _Export) -> Path:
-        """Claim a final name that no process has used (new timestamp on a clash)."""
-        directory = job.json_path.parent
+    def _publish(self, packed_path: Path, job: _Export) -> Path:
+        """Give the finished file a final name no process has used (a new timestamp on a clash)."""
         for _ in range(_EXCLUSIVE_ATTEMPTS):
-            path = directory / (self._basename(job.spec, job.window, job.partial) + naming.TRACE_SUFFIX)
+            final = packed_path.parent / (self._basename(job.spec, job.window, job.partial) + naming.TRACE_SUFFIX)
             try:
-                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                os.link(packed_path, final)  # fails if the name exists: never overwrites
             except FileExistsError:
                 continue
-            return path
-        raise FileExistsError(f"no free trace name in {directory} after {_EXCLUSIVE_ATTEMPTS} attempts")
+            return final
+        raise FileExistsError(f"no free trace name in {packed_path.parent} after {_EXCLUSIVE_ATTEMPTS} attempts")
 
     def flush(self) -> list[TraceRecord]:
         """Wait for pending exports; return the records written since the last flush."""

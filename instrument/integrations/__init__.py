@@ -1,0 +1,1 @@
+"""Integrations with distributed runtimes; each imports its runtime, so import it explicitly."""

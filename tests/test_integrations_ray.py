@@ -1,0 +1,160 @@
+"""A real local Ray cluster: worker groups driven by ProfileController, exactly-once finish hook."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+import instrument as ins  # noqa: E402
+from instrument.integrations.ray import ProfileController, ProfiledWorker, nsight_runtime_env  # noqa: E402
+from instrument.naming import parse_trace_name  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+    )
+    yield
+    ray.shutdown()
+
+
+@ray.remote(num_cpus=0)
+class ActorWorker(ProfiledWorker):
+    """A verl-like actor worker: configures itself with its place in the group."""
+
+    def __init__(self, cfg: ins.ProfilerConfig, rank: int, world_size: int) -> None:
+        import torch
+
+        self.torch = torch
+        self.starts = 0
+        ins.configure(cfg, role="actor", rank=rank, world_size=world_size)
+
+    def start_profile(self, step: int) -> bool:
+        self.starts += 1
+        return super().start_profile(step)
+
+    def start_count(self) -> int:
+        return self.starts
+
+    @ins.profiled_stage("update_actor", scheduled=True)
+    def update_actor(self, n: int, fail_at: int = -1, die_at: int = -1) -> int:
+        for i in range(n):
+            with ins.profile_window(mini_batch=i):
+                self.torch.randn(16, 16) @ self.torch.randn(16, 16)
+                if i == fail_at:
+                    raise RuntimeError("user code failed")
+                if i == die_at:
+                    os._exit(1)
+        return n
+
+
+def _hook(tmp_path: Path, ranks: tuple[int, ...]) -> ins.FinishHook:
+    marker = f"{tmp_path}/hook-rank$INSTRUMENT_PROFILE_RANK"
+    return ins.FinishHook(cmd=f'echo "$INSTRUMENT_PROFILE_PID" >> "{marker}"', ranks=ranks, timeout_s=30)
+
+
+def test_worker_group_profiles_chosen_steps_and_ranks_and_finishes_once(ray_cluster: None, tmp_path: Path) -> None:
+    save = tmp_path / "profile"
+    cfg = ins.ProfilerConfig(
+        save_path=str(save),
+        contents=("cpu",),
+        steps=(1, 3),
+        ranks=(0, 2),
+        schedule=ins.Schedule(active=2),
+        finish_hook=_hook(tmp_path, (0, 3)),
+    )
+    actors = [ActorWorker.remote(cfg, rank, 4) for rank in range(4)]
+    ctl = ProfileController(cfg, groups={"actor_rollout_ref": actors, "ref": actors})  # colocated: driven once
+    assert len(ctl.workers) == 4
+    started = time.monotonic()
+    for step in (1, 2, 3):
+        with ctl.step(step, last=(step == 3)):
+            assert ray.get([a.update_actor.remote(3) for a in actors]) == [3] * 4
+    files = ctl.finish()
+    assert ctl.finish() == files  # idempotent
+    elapsed = time.monotonic() - started
+    assert ctl.failures == []
+    assert ray.get([a.start_count.remote() for a in actors]) == [2, 2, 2, 2]
+    names = [parse_trace_name(f) for f in files]
+    assert sorted((n.step, n.rank, n.window) for n in names if n) == [
+        (1, 0, (0, 1)),
+        (1, 2, (0, 1)),
+        (3, 0, (0, 1)),
+        (3, 2, (0, 1)),
+    ]
+    assert sorted(p.name for p in save.glob("*.pt.trace.json.gz")) == sorted(Path(f).name for f in files)
+    assert len({Path(f).name for f in files}) == len(files)
+    markers = sorted(p.name for p in tmp_path.glob("hook-rank*"))
+    assert markers == ["hook-rank0", "hook-rank3"]
+    for marker in markers:
+        assert len((tmp_path / marker).read_text().split()) == 1  # once each
+    print(f"ray: 4 workers x 3 steps in {elapsed:.1f} s")
+
+
+def test_a_failing_and_a_dying_worker_leave_the_others_intact(ray_cluster: None, tmp_path: Path) -> None:
+    save = tmp_path / "profile"
+    cfg = ins.ProfilerConfig(
+        save_path=str(save),
+        contents=("cpu",),
+        steps=(1,),
+        all_ranks=True,
+        schedule=ins.Schedule(active=4),
+        finish_hook=_hook(tmp_path, (0,)),
+    )
+    actors = [ActorWorker.remote(cfg, rank, 3) for rank in range(3)]
+    ctl = ProfileController(cfg, groups={"actor": actors}, timeout_s=30)
+    started = time.monotonic()
+    with ctl.step(1, last=True):
+        refs = [
+            actors[0].update_actor.remote(3),
+            actors[1].update_actor.remote(3, fail_at=1),  # the user's exception, mid-window
+            actors[2].update_actor.remote(3, die_at=1),  # the process dies mid-window
+        ]
+        outcomes = []
+        for ref in refs:
+            try:
+                outcomes.append(ray.get(ref))
+            except ray.exceptions.RayError as exc:
+                outcomes.append(type(exc).__name__)
+    files = ctl.finish()
+    assert time.monotonic() - started < 60
+    assert outcomes[0] == 3
+    assert outcomes[1] == "RayTaskError(RuntimeError)"
+    assert "ActorDiedError" in outcomes[2] or "RayActorError" in outcomes[2]
+    assert [(f.group, f.index, f.call) for f in ctl.failures] == [("actor", 2, "stop_profile")]
+    names = sorted((n.rank, n.window, n.partial) for n in map(parse_trace_name, files) if n)
+    assert names == [(0, (0, 2), True), (1, (0, 1), True)]
+    assert (tmp_path / "hook-rank0").is_file()
+
+
+def test_nsight_runtime_env() -> None:
+    continuous = ins.ProfilerConfig(steps=(1, 3), discrete=False)
+    assert nsight_runtime_env(continuous)["nsight"]["capture-range-end"] == "repeat-shutdown:2"
+    env = ProfileController.nsight_runtime_env(ins.ProfilerConfig(steps=(1, 3)))
+    assert env["nsight"]["capture-range"] == "cudaProfilerApi"
+    assert env["nsight"]["capture-range-end"] == "stop"
+    assert (
+        nsight_runtime_env(ins.ProfilerConfig(), capture_ranges=6)["nsight"]["capture-range-end"] == "repeat-shutdown:6"
+    )
+    with pytest.raises(ValueError, match="'capture_ranges' must be >= 1: 0"):
+        nsight_runtime_env(ins.ProfilerConfig(), capture_ranges=0)
+
+
+def test_controller_checks_its_arguments() -> None:
+    with pytest.raises(ValueError, match="'groups' must name at least one worker group"):
+        ProfileController(ins.ProfilerConfig(), groups={})
+    with pytest.raises(TypeError, match="'config' must be a ProfilerConfig"):
+        ProfileController({}, groups={"a": []})  # type: ignore[arg-type]
