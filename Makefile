@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: test test-fast lint demo clean
+.PHONY: test test-fast lint demo demo-ray clean
 
 # torch first, pinned: pip takes the CPU wheel on disk instead of a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -32,6 +32,11 @@ demo: $(STAMP)
 		--stage generate_sequences --stage compute_log_prob --stage compute_ref_log_prob --stage compute_values \
 		--stage update_critic:scheduled --stage update_actor:scheduled
 	$(BIN)/instrument demo --config examples/demo.yaml --num-steps 4
+
+# The same loop with verl-style Ray worker groups (actor_rollout_ref and critic, two ranks each).
+demo-ray: $(STAMP)
+	rm -rf outputs/demo
+	$(BIN)/instrument demo --ray --config examples/demo.yaml --num-steps 4 all_ranks=true
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache .mypy_cache .ruff_cache .hypothesis

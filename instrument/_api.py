@@ -209,4 +209,4 @@ class profile_step:  # noqa: N801 - a context manager read as a verb
     ) -> None:
         session = STATE.session
         if session is not None:
-            session.end_step(last=self.last)
+            session.end_step(last=self.last, failed=exc_type is not None)

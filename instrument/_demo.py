@@ -168,11 +168,20 @@ def _advantages(
     return advantages, returns
 
 
-def _mini_batches(generator: torch.Generator) -> list[torch.Tensor]:
-    """A shuffled split of the batch indices into ``NUM_MINI_BATCHES`` equal parts."""
+def _mini_batches(generator: torch.Generator, size: int = BATCH) -> list[torch.Tensor]:
+    """A shuffled split of ``size`` batch indices into ``NUM_MINI_BATCHES`` equal parts."""
     import torch
 
-    return list(torch.randperm(BATCH, generator=generator).chunk(NUM_MINI_BATCHES))
+    return list(torch.randperm(size, generator=generator).chunk(NUM_MINI_BATCHES))
+
+
+def _init_models(generator: torch.Generator) -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """The policy, its frozen reference (a copy) and the critic, drawn from ``generator`` in that order."""
+    policy = _make_model(VOCAB, generator)
+    reference = _make_model(VOCAB, generator)
+    reference.load_state_dict(policy.state_dict())
+    critic = _make_model(1, generator)
+    return policy, reference, critic
 
 
 # --------------------------------------------------------------------------- workers
@@ -223,7 +232,7 @@ class ActorWorker:
         import torch
 
         losses = []
-        for i, index in enumerate(_mini_batches(self.generator)):
+        for i, index in enumerate(_mini_batches(self.generator, len(sequences))):
             with ins.profile_window(mini_batch=i):
                 log_probs = _log_probs(self.policy, sequences[index])
                 ratio = torch.exp(log_probs - old_log_probs[index])
@@ -276,7 +285,7 @@ class CriticWorker:
         import torch
 
         losses = []
-        for i, index in enumerate(_mini_batches(self.generator)):
+        for i, index in enumerate(_mini_batches(self.generator, len(sequences))):
             with ins.profile_window(mini_batch=i):
                 loss = torch.nn.functional.mse_loss(_values(self.critic, sequences[index]), returns[index])
                 self.optimizer.zero_grad(set_to_none=True)
@@ -304,14 +313,12 @@ class _Trainer:
         import torch
 
         generator = torch.Generator().manual_seed(seed)
-        policy = _make_model(VOCAB, generator)
-        reference = _make_model(VOCAB, generator)
-        reference.load_state_dict(policy.state_dict())
+        policy, reference, critic = _init_models(generator)
         self.generator = generator
         self.rollout = RolloutWorker(policy, generator)
         self.actor = ActorWorker(policy, generator)
         self.ref = RefWorker(reference)
-        self.critic = CriticWorker(_make_model(1, generator), generator)
+        self.critic = CriticWorker(critic, generator)
 
     def step(self) -> _StepStats:
         """Rollout, forward passes, advantages, critic and actor updates (verl's order)."""

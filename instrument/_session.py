@@ -16,6 +16,7 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any, Protocol
@@ -63,6 +64,9 @@ class _State:
 
 
 STATE = _State()
+
+_PEER_TIMEOUT_S = 120.0
+"""How long ranks wait for each other before the finish hook runs anyway."""
 
 
 def _process_state() -> _State:
@@ -158,6 +162,7 @@ class Session:
         self.profiled_steps: list[int] = []
         self.records: list[TraceRecord] = []
         self.hook_ran = False
+        self.auto_finish_hook = True  # False when a controller decides when and where the hook runs
         self.finished = False
         self._frames: list[_Frame] = []
         self._backend: Backend | None = None
@@ -254,8 +259,12 @@ class Session:
             except Exception as exc:
                 self._fail(f"could not start profiling step {step}", exc)
 
-    def end_step(self, *, last: bool = False) -> None:
-        """End the open step; after the last one (``last`` or the last configured step) run the finish hook."""
+    def end_step(self, *, last: bool = False, failed: bool = False) -> None:
+        """End the open step; after the last one (``last`` or the last configured step) run the finish hook.
+
+        ``failed``: the step is unwinding from an exception, so other ranks may never arrive;
+        the hook then runs without waiting for them.
+        """
         with self._lock:
             step, self.step = self.step, None
             STATE.recording = False
@@ -266,8 +275,29 @@ class Session:
                 self._fail(f"could not save the trace of step {step}", exc)
             self.step_profiled = False
             steps = self.config.steps
-            if last or (steps is not None and step is not None and step >= steps[-1]):
+            after_last = last or (steps is not None and step is not None and step >= steps[-1])
+            if after_last and self.auto_finish_hook and self._hook_pending():
+                self.wait_for_exports()
+                if not failed:
+                    self._meet_peers()
                 self.run_finish_hook()
+
+    def _hook_pending(self) -> bool:
+        return not self.hook_ran and self.config.finish_hook is not None and self.config.active
+
+    def _meet_peers(self) -> None:
+        """Wait for the other torch.distributed ranks, so the hook sees their traces on disk too."""
+        dist = sys.modules.get("torch.distributed")
+        try:
+            if dist is None or not dist.is_available() or not dist.is_initialized():
+                return
+            timeout = timedelta(seconds=_PEER_TIMEOUT_S)
+            if dist.get_backend() == "gloo":
+                dist.monitored_barrier(timeout=timeout)
+            else:
+                dist.barrier(async_op=True).wait(timeout=timeout)
+        except Exception as exc:  # a dead or late rank: run the hook on what is there
+            self._fail("ranks did not meet before the finish hook", exc)
 
     # ------------------------------------------------------------------ stages and windows
 
@@ -348,7 +378,8 @@ class Session:
 
     # ------------------------------------------------------------------ the end
 
-    def _collect(self) -> None:
+    def wait_for_exports(self) -> None:
+        """Block until every trace this process saved so far is on disk."""
         if self._backend is not None:
             try:
                 self.records.extend(self._backend.flush())
@@ -363,7 +394,7 @@ class Session:
         self.hook_ran = True
         if not (hook.all_ranks or self.rank in hook.ranks):
             return
-        self._collect()
+        self.wait_for_exports()
         try:
             env = hook_environment(
                 save_path=self.config.save_path,
@@ -402,7 +433,7 @@ class Session:
                 if self.step is not None:
                     self.end_step()
                 self.flush()
-                if run_hook:
+                if run_hook and self.auto_finish_hook:
                     self.run_finish_hook()
                 self.finished = True
             return [record.path for record in self.records]

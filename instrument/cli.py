@@ -86,6 +86,9 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Run a tiny PPO-style RL loop on the CPU with torch, profiled as examples/demo.yaml says.",
     )
     _demo.add_arguments(demo)
+    demo.add_argument(
+        "--ray", action="store_true", help="run the worker groups as Ray actors (two data-parallel ranks each)"
+    )
     return parser
 
 
@@ -181,6 +184,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plan":
             return _run_plan(args)
         if args.command == "demo":
+            if args.ray:
+                from instrument import _demo_ray  # imports Ray
+
+                return _demo_ray.main_from_args(args)
             return _demo.main_from_args(args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"instrument {args.command}: error: {exc}", file=sys.stderr)

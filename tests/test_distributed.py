@@ -31,7 +31,10 @@ def _worker(rank: int, save: str, rendezvous: str, crash_rank: int) -> None:
         steps=(1, 3),
         ranks=(0, 2),
         schedule=ins.Schedule(warmup=1, active=2),
-        finish_hook=ins.FinishHook(cmd=f'echo "$INSTRUMENT_PROFILE_PID" >> "{marker}"', ranks=(0, 3)),
+        finish_hook=ins.FinishHook(
+            cmd=f'echo "$INSTRUMENT_PROFILE_PID" >> "{marker}"; ls "$INSTRUMENT_PROFILE_SAVE_PATH" >> "{marker}.ls"',
+            ranks=(0, 3),
+        ),
     )
     session = ins.configure(cfg, role="actor")
     assert (session.rank, session.world_size) == (rank, WORLD)
@@ -85,9 +88,13 @@ def test_gloo_ranks_profile_chosen_steps_and_the_hook_runs_once_per_chosen_rank(
         info = load_trace(path)["distributedInfo"]
         assert (info["backend"], info["rank"], info["world_size"]) == ("gloo", name.rank, 4)  # type: ignore[union-attr]
         assert {"mini_batch1", "mini_batch2"} <= event_names(path)
-    markers = sorted(p.name for p in tmp_path.glob("hook-rank*"))
+    markers = sorted(p.name for p in tmp_path.glob("hook-rank*") if p.suffix != ".ls")
     assert markers == ["hook-rank0", "hook-rank3"]
     assert all(len((tmp_path / m).read_text().split()) == 1 for m in markers)
+    # The ranks meet before the hook: rank 0's hook already sees rank 2's last trace.
+    assert sorted(p for p in (tmp_path / "hook-rank0.ls").read_text().split() if p.endswith(".gz")) == sorted(
+        p.name for p in files
+    )
     print(f"gloo: {WORLD} ranks x 3 steps in {elapsed:.1f} s")
 
 

@@ -34,7 +34,7 @@ def test_save_path_removed_mid_run_makes_the_trace_handler_fail_once(
     )
     with ins.profile_step(1):
         forward()
-    session._collect()
+    session.wait_for_exports()
     kept = list(save.glob("*.pt.trace.json.gz"))
     assert len(kept) == 1
     moved = tmp_path / "kept"

@@ -35,12 +35,12 @@ def ray_cluster() -> Iterator[None]:
 class ActorWorker(ProfiledWorker):
     """A verl-like actor worker: configures itself with its place in the group."""
 
-    def __init__(self, cfg: ins.ProfilerConfig, rank: int, world_size: int) -> None:
+    def __init__(self, cfg: ins.ProfilerConfig, rank: int, world_size: int, role: str = "actor") -> None:
         import torch
 
         self.torch = torch
         self.starts = 0
-        ins.configure(cfg, role="actor", rank=rank, world_size=world_size)
+        ins.configure(cfg, role=role, rank=rank, world_size=world_size)
 
     def start_profile(self, step: int) -> bool:
         self.starts += 1
@@ -138,6 +138,30 @@ def test_a_failing_and_a_dying_worker_leave_the_others_intact(ray_cluster: None,
     names = sorted((n.rank, n.window, n.partial) for n in map(parse_trace_name, files) if n)
     assert names == [(0, (0, 2), True), (1, (0, 1), True)]
     assert (tmp_path / "hook-rank0").is_file()
+
+
+def test_the_hook_runs_in_the_finish_group_after_every_worker_saved(ray_cluster: None, tmp_path: Path) -> None:
+    save = tmp_path / "profile"
+    listing = f"{tmp_path}/hook-$INSTRUMENT_PROFILE_ROLE-rank$INSTRUMENT_PROFILE_RANK"
+    cfg = ins.ProfilerConfig(
+        save_path=str(save),
+        contents=("cpu",),
+        steps=(1,),
+        all_ranks=True,
+        finish_hook=ins.FinishHook(cmd=f'ls "$INSTRUMENT_PROFILE_SAVE_PATH" > "{listing}"', ranks=(0,)),
+    )
+    actors = [ActorWorker.remote(cfg, rank, 2) for rank in range(2)]
+    critics = [ActorWorker.remote(cfg, rank, 2, role="critic") for rank in range(2)]  # ranks 0..1 again
+    ctl = ProfileController(cfg, groups={"actor": actors, "critic": critics})
+    with ctl.step(1):  # steps=(1,): the last configured step ends the run's profiling
+        ray.get([w.update_actor.remote(200) for w in [*actors, *critics]])  # big traces: exports take a while
+    files = ctl.finish()
+    assert sorted(p.name for p in tmp_path.glob("hook-*")) == ["hook-actor-rank0"]  # not the critic's rank 0
+    listed = [p for p in (tmp_path / "hook-actor-rank0").read_text().split() if p.endswith(".gz")]
+    assert sorted(listed) == sorted(Path(f).name for f in files)
+    assert len(files) == 4
+    with pytest.raises(ValueError, match="'finish_groups' must name groups among"):
+        ProfileController(cfg, groups={"actor": actors}, finish_groups=["critic"])
 
 
 def test_nsight_runtime_env() -> None:

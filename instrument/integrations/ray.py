@@ -4,8 +4,10 @@ Workers mix in :class:`ProfiledWorker` and call ``instrument.configure(cfg, role
 rank=..., world_size=...)`` with their place in the worker group (Ray actors have no
 rank of their own).  The trainer wraps each step in ``ProfileController.step(step)``: on
 profiled steps it starts and stops every worker once — a group registered under two names
-(colocated roles sharing actors) is still driven once per actor — and after the last step
-it lets each worker run the finish hook, which fires only on the hook's ranks.
+(colocated roles sharing actors) is still driven once per actor.  The controller owns the
+finish hook: after the last step it waits until every worker's traces are on disk, then
+runs the hook on the hook's ranks of the finish groups (by default the first group only, so
+ranks of different groups that share a number do not all run it).
 
 Importing this module imports Ray.
 """
@@ -34,7 +36,7 @@ _CONTROL_TIMEOUT_S = 120.0
 
 
 class ProfiledWorker:
-    """Mixin for Ray worker classes: remote ``start_profile`` / ``stop_profile`` / ``finish_profile``.
+    """Mixin for Ray worker classes: the remote control methods a :class:`ProfileController` calls.
 
     The worker calls ``instrument.configure(cfg, role=..., rank=..., world_size=...)`` itself
     (in ``__init__``); these methods then open and close its steps when the controller asks.
@@ -50,7 +52,7 @@ class ProfiledWorker:
         return session.step_profiled
 
     def stop_profile(self, step: int, last: bool = False) -> int:
-        """Close RL step ``step``; ``last`` runs the finish hook (on the hook's ranks). Returns the rank."""
+        """Close RL step ``step``; ``last`` runs the finish hook unless a controller owns it. Returns the rank."""
         session = STATE.session
         if session is None:
             return -1
@@ -59,8 +61,26 @@ class ProfiledWorker:
         session.end_step(last=last)
         return session.rank
 
+    def yield_finish_hook(self) -> None:
+        """Let the controller decide when and where the finish hook runs."""
+        session = STATE.session
+        if session is not None:
+            session.auto_finish_hook = False
+
+    def wait_profile_exports(self) -> None:
+        """Block until this worker's traces so far are on disk."""
+        session = STATE.session
+        if session is not None:
+            session.wait_for_exports()
+
+    def run_profile_finish_hook(self) -> None:
+        """Run the finish hook now if this worker's rank is one of its ranks (once per run)."""
+        session = STATE.session
+        if session is not None:
+            session.run_finish_hook()
+
     def finish_profile(self) -> list[str]:
-        """End this worker's run (idempotent): flush traces, run the finish hook if still due."""
+        """End this worker's run (idempotent): flush its traces; returns the files it wrote."""
         return instrument.finish()
 
     def profile_rank(self) -> int:
@@ -87,19 +107,28 @@ class ProfileController:
         config: ProfilerConfig,
         groups: Mapping[str, Sequence[Any]],
         *,
+        finish_groups: Sequence[str] | None = None,
         timeout_s: float = _CONTROL_TIMEOUT_S,
     ) -> None:
+        """``groups`` maps names to actors; the finish hook runs in ``finish_groups`` (default: the first group)."""
         if not isinstance(config, ProfilerConfig):
             raise TypeError(f"'config' must be a ProfilerConfig: {config!r}")
         if not groups:
             raise ValueError("'groups' must name at least one worker group: {}")
         if not timeout_s > 0:
             raise ValueError(f"'timeout_s' must be > 0: {timeout_s!r}")
+        chosen = list(groups)[:1] if finish_groups is None else list(finish_groups)
+        unknown = [name for name in chosen if name not in groups]
+        if unknown:
+            raise ValueError(f"'finish_groups' must name groups among {sorted(groups)}: {unknown}")
         self.config = config
         self.timeout_s = float(timeout_s)
         self.failures: list[WorkerFailure] = []
         self.files: list[str] = []
         self._finished = False
+        self._hook_done = False
+        self._controlling = False
+        self._hook_workers = {actor for name in chosen for actor in groups[name]}
         # One entry per distinct actor, named after the first group it appears in.
         self._workers: dict[Any, tuple[str, int]] = {}
         for name, actors in groups.items():
@@ -112,17 +141,22 @@ class ProfileController:
         """The distinct actors driven, in registration order."""
         return list(self._workers)
 
-    def _call(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """Call ``method`` on every live worker at once; report the ones that fail or time out."""
+    def _call(self, method: str, *args: Any, timeout_s: float | None = None, only: set[Any] | None = None) -> list[Any]:
+        """Call ``method`` on every live worker (or those in ``only``) at once; report failures and timeouts."""
+        if not self._controlling:
+            self._controlling = True
+            self._call("yield_finish_hook")
         pending = {}
         for actor in self._workers:
-            if actor in self._dead:
+            if actor in self._dead or (only is not None and actor not in only):
                 continue
             try:
                 pending[getattr(actor, method).remote(*args)] = actor
             except Exception as exc:
                 self._report(actor, method, exc)
-        results = []
+        results: list[Any] = []
+        if not pending:
+            return results
         timeout = self.timeout_s if timeout_s is None else timeout_s
         ready, not_ready = ray.wait(list(pending), num_returns=len(pending), timeout=timeout)
         for ref in ready:
@@ -155,11 +189,23 @@ class ProfileController:
             self._call("start_profile", step)
 
     def stop(self, step: int, *, last: bool = False) -> None:
-        """Close step ``step``; ``last`` lets every worker run the finish hook (on its ranks)."""
-        if self.config.profiles_step(step) or last:
-            hook = self.config.finish_hook
-            wait = self.timeout_s + (hook.timeout_s if last and hook is not None else 0.0)
-            self._call("stop_profile", step, last, timeout_s=wait)
+        """Close step ``step``; after the last step (``last``, or the last configured one) run the finish hook."""
+        if self.config.profiles_step(step):
+            self._call("stop_profile", step, False)
+        steps = self.config.steps
+        if last or (steps is not None and step >= steps[-1]):
+            self._run_finish_hook()
+
+    def _run_finish_hook(self) -> None:
+        """Once: wait until every worker's traces are on disk, then run the hook in the finish groups."""
+        if self._hook_done:
+            return
+        self._hook_done = True
+        hook = self.config.finish_hook
+        if hook is None or not self.config.active:
+            return
+        self._call("wait_profile_exports")
+        self._call("run_profile_finish_hook", timeout_s=self.timeout_s + hook.timeout_s, only=self._hook_workers)
 
     @contextlib.contextmanager
     def step(self, step: int, *, last: bool = False) -> Iterator[None]:
@@ -171,12 +217,11 @@ class ProfileController:
             self.stop(step, last=last)
 
     def finish(self) -> list[str]:
-        """Finish every worker once (idempotent); returns the files they wrote."""
+        """Finish every worker once (idempotent), running the finish hook if still due; returns their files."""
         if not self._finished:
             self._finished = True
-            hook = self.config.finish_hook
-            wait = self.timeout_s + (hook.timeout_s if hook is not None else 0.0)
-            for files in self._call("finish_profile", timeout_s=wait):
+            self._run_finish_hook()
+            for files in self._call("finish_profile"):
                 self.files.extend(files)
         return list(self.files)
 
