@@ -77,7 +77,9 @@ VERL_KEYS: dict[str, Callable[[Any], list[tuple[str, Any]]]] = {
         f"tool_config.torch.schedule.{name}": _schedule_field(name)
         for name in ("skip_first", "wait", "warmup", "active", "repeat", "skip_first_wait")
     },
-    # finish_hook_* are collected and resolved together in translate().
+    # profile_token_* and finish_hook_* are collected and resolved together in translate().
+    "tool_config.torch.profile_token_start": _same("token_start"),
+    "tool_config.torch.profile_token_end": _same("token_end"),
     "finish_hook_cmd": _same("finish_hook_cmd"),
     "finish_hook_ranks": _same("finish_hook_ranks"),
     "finish_hook_all_ranks": _same("finish_hook_all_ranks"),
@@ -94,8 +96,6 @@ VERL_IGNORED = (
     "tool_config.npu",
     "tool_config.torch_memory",
     "tool_config.precision_debugger",
-    "tool_config.torch.profile_token_start",
-    "tool_config.torch.profile_token_end",
 )
 """verl keys accepted but not applied (one warning names them): they have no counterpart here."""
 
@@ -124,6 +124,7 @@ def translate(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     out: list[tuple[str, Any]] = []
     hook: dict[str, Any] = {}
     schedule: dict[str, Any] = {}
+    tokens: dict[str, Any] = {}
     ignored: list[str] = []
     # Grouped keys are resolved together, then put where their group first appeared,
     # so that a later override of the same field still wins.
@@ -140,6 +141,8 @@ def translate(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
             if target.startswith("finish_hook_"):
                 hook_at = len(out) if hook_at < 0 else hook_at
                 hook[target] = translated
+            elif target in ("token_start", "token_end"):
+                tokens[target] = translated
             elif target.startswith("schedule."):
                 schedule_at = len(out) if schedule_at < 0 else schedule_at
                 schedule[target] = translated
@@ -155,6 +158,10 @@ def translate(items: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
     # verl schedules only when active > 0; its default of all zeros means "no schedule".
     if schedule.get("schedule.active", 0):
         groups.append((schedule_at, list(schedule.items())))
+    if tokens.get("token_start") is not None or tokens.get("token_end") is not None:
+        if tokens.get("token_end") is None:
+            raise ValueError("verl 'profile_token_end' must be set when 'profile_token_start' is: null")
+        out.append(("token_window", [tokens.get("token_start") or 0, tokens["token_end"]]))
     if hook_at >= 0:
         groups.append((hook_at, _finish_hook(hook, out)))
     for at, group in sorted(groups, key=lambda g: g[0], reverse=True):

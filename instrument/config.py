@@ -140,6 +140,7 @@ def _check_timeout(_instance: Any, attribute: attrs.Attribute[Any], value: Any) 
 
 
 _T = TypeVar("_T")
+_M = TypeVar("_M")
 
 
 def _from_mapping(cls: type[_T], value: Any, prefix: str) -> Any:
@@ -185,6 +186,20 @@ class FinishHook:
             raise ValueError("'finish_hook.ranks' must select at least one rank unless 'all_ranks' is true: ()")
 
 
+def _to_window(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _check_token_window(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is None:
+        return
+    if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
+        raise TypeError(f"'{attribute.name}' must be a [first, last] pair of engine iterations or null: {value!r}")
+    first, last = value
+    if first < 0 or last < first:
+        raise ValueError(f"'{attribute.name}' must satisfy 0 <= first <= last: {list(value)}")
+
+
 def _to_schedule(value: Any) -> Any:
     return _from_mapping(Schedule, value, "schedule")
 
@@ -221,6 +236,9 @@ class ProfilerConfig:
     relocate_results: bool = attrs.field(default=True, validator=_boolean)
     finish_hook: FinishHook | None = attrs.field(
         default=None, converter=_to_finish_hook, validator=_optional_instance(FinishHook)
+    )
+    token_window: tuple[int, int] | None = attrs.field(
+        default=None, converter=_to_window, validator=_check_token_window
     )
 
     def __attrs_post_init__(self) -> None:
@@ -338,13 +356,13 @@ def _merge_steps(a: tuple[int, ...] | None, b: tuple[int, ...] | None, union: bo
     return tuple(sorted(set(a) & set(b)))
 
 
-def _merge_schedule(a: Schedule | None, b: Schedule | None, union: bool) -> Schedule | None:
+def _merge_schedule(a: _M | None, b: _M | None, union: bool, field: str = "schedule") -> _M | None:
     if a is None or b is None:
         # No schedule records the whole stage: more than any schedule, so it wins a union.
         if union:
             return None
         return b if a is None else a
-    return _same("schedule", a, b)  # type: ignore[no-any-return]
+    return _same(field, a, b)  # type: ignore[no-any-return]
 
 
 def _merge_hooks(a: FinishHook | None, b: FinishHook | None, union: bool) -> FinishHook | None:
@@ -377,6 +395,8 @@ _MERGE_RULES: dict[str, Callable[[ProfilerConfig, ProfilerConfig, bool], Any]] =
         a.relocate_results or b.relocate_results if union else a.relocate_results and b.relocate_results
     ),
     "finish_hook": lambda a, b, union: _merge_hooks(a.finish_hook, b.finish_hook, union),
+    # Like a schedule: no window records every engine iteration, so it wins a union.
+    "token_window": lambda a, b, union: _merge_schedule(a.token_window, b.token_window, union, "token_window"),
 }
 
 

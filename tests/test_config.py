@@ -60,6 +60,8 @@ def test_schedule_rejects(kwargs: dict[str, object], error: type[Exception], mes
         ({"schedule": {"activ": 2}}, ValueError, "unknown configuration key 'schedule.activ'; did you mean"),
         ({"finish_hook": {"cmd": "  "}}, ValueError, "'cmd' must be a non-empty shell command: '  '"),
         ({"finish_hook": {"cmd": ["ls"]}}, TypeError, "'cmd' must be a shell command string: ['ls']"),
+        ({"token_window": [5, 2]}, ValueError, "'token_window' must satisfy 0 <= first <= last: [5, 2]"),
+        ({"token_window": 5}, TypeError, "'token_window' must be a [first, last] pair of engine iterations or null: 5"),
     ],
 )
 def test_profiler_config_rejects(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
@@ -255,6 +257,7 @@ def _configs(draw: st.DrawFn, tool: str | None = None, save_path: str | None = N
         schedule=draw(st.none() | _schedules) if tool is None else None,
         relocate_results=draw(st.booleans()),
         finish_hook=draw(st.none() | _hooks) if tool is None else None,
+        token_window=draw(st.none() | st.tuples(st.integers(0, 9), st.integers(10, 99))) if tool is None else None,
     )
 
 
@@ -353,6 +356,16 @@ def test_verl_settings_move_over_unchanged() -> None:
         (["global_profiler.relocate_results=false"], "relocate_results", False),
         (["tool_config.torch.schedule.active=0", "tool_config.torch.schedule.wait=3"], "schedule", None),
         (["tool_config.torch.schedule.active=2"], "schedule", Schedule(active=2)),
+        (
+            ["tool_config.torch.profile_token_start=4", "tool_config.torch.profile_token_end=20"],
+            "token_window",
+            (4, 20),
+        ),
+        (
+            ["tool_config.torch.profile_token_start=null", "tool_config.torch.profile_token_end=null"],
+            "token_window",
+            None,
+        ),
         (["finish_hook_cmd=null", "finish_hook_ranks=[3]"], "finish_hook", None),
         (["finish_hook_cmd=x.sh", "finish_hook_all_ranks=true"], "finish_hook", FinishHook("x.sh", all_ranks=True)),
         (["finish_hook_cmd=x.sh", "finish_hook_ranks=[2]"], "finish_hook", FinishHook("x.sh", ranks=(2,))),
