@@ -136,6 +136,11 @@ def keep_engine_trace(
 _VLLM = re.compile(
     r"(?:^|_)(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$"
 )
+# vLLM's text summaries beside the traces: "{worker name}.profiler_out.txt" (0.32+), "profiler_out_{R}.txt" before.
+_VLLM_SUMMARY = re.compile(
+    r"(?:(?:^|_)(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?rank(?P<rank>\d+)|^profiler_out_(?P<legacy>\d+))"
+    r"\.(?:profiler_out\.)?txt$"
+)
 # vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
 _VLLM_LEGACY = re.compile(r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 # SGLang: "{id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}].trace.json.gz" (also "-{activity}" before the suffix).
@@ -156,7 +161,9 @@ def engine_trace_local_rank(filename: str, *, ranks_per_dp_rank: int | None = No
     base = os.path.basename(filename)
     if ".async_llm." in base:
         return None
-    match = _VLLM.search(base)
+    match = _VLLM.search(base) or _VLLM_SUMMARY.search(base)
+    if match and match.groupdict().get("legacy"):
+        return int(match["legacy"])
     if match:
         dp = int(match["dp"] or 0)
         if dp == 0:
