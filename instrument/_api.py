@@ -113,7 +113,7 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool) -> Callable[...,
             session = state.session
             if not state.recording or session is None:
                 return await func(*args, **kwargs)
-            frame = session.enter_stage(name, scheduled)
+            frame = session.enter_stage(name, scheduled, concurrent=True)
             try:
                 return await func(*args, **kwargs)  # the range covers the awaited work
             finally:

@@ -25,6 +25,7 @@ from instrument import naming
 from instrument import ranks as _ranks
 from instrument._finish import hook_environment, run_finish_hook
 from instrument._manifest import Manifest, TraceRecord
+from instrument.backends import TraceSpec
 from instrument.config import ProfilerConfig
 
 __all__ = ["STATE", "Session", "current_session", "detect_rank_and_world", "start_session"]
@@ -36,14 +37,16 @@ class Backend(Protocol):
     """What the session needs from a backend (see ``instrument/backends``)."""
 
     tool: str
-    windows_saved: int  # traces saved since the last start
+    windows_saved: int  # traces (or capture ranges) saved since the last start
+    stage_range_in_windows: bool  # whether a windowed stage also gets a stage range
 
+    def on_step(self, role: str, step: int) -> None: ...
     @property
     def tracing(self) -> bool: ...
     def start(self, spec: Any) -> None: ...
     def window_step(self) -> None: ...
     def stop(self) -> None: ...
-    def enter_range(self, name: str) -> Callable[[], None]: ...
+    def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]: ...
     def flush(self) -> list[TraceRecord]: ...
     def close(self) -> list[TraceRecord]: ...
 
@@ -123,6 +126,7 @@ class _Frame:
     __slots__ = (
         "close_range",
         "close_window",
+        "concurrent",
         "mini_batches",
         "name",
         "scheduled",
@@ -131,9 +135,10 @@ class _Frame:
         "windowed",
     )
 
-    def __init__(self, name: str, scheduled: bool) -> None:
+    def __init__(self, name: str, scheduled: bool, concurrent: bool = False) -> None:
         self.name = name
         self.scheduled = scheduled
+        self.concurrent = concurrent
         self.traced = False
         self.windowed = False
         self.close_range: Callable[[], None] | None = None
@@ -210,20 +215,20 @@ class Session:
             return self._backend
         try:
             Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
-            if self.config.tool == "torch":
+            if self.config.tool == "nvtx":
+                from instrument.backends.nvtx import NvtxBackend
+
+                self._backend = NvtxBackend(self._manifest, self._fail)
+            else:
                 from instrument.backends.torch import TorchBackend
 
                 self._backend = TorchBackend(self._manifest, self._fail)
-            else:
-                raise NotImplementedError(f"tool {self.config.tool!r} has no backend in this version")
         except Exception as exc:
             self._backend_failed = True
             self._fail(f"cannot profile into {self.config.save_path!r}", exc)
         return self._backend
 
-    def _spec(self, stage: str, schedule: Any = None) -> Any:
-        from instrument.backends.torch import TraceSpec
-
+    def _spec(self, stage: str, schedule: Any = None) -> TraceSpec:
         return TraceSpec(
             save_path=self.config.save_path,
             role=self.role,
@@ -253,6 +258,7 @@ class Session:
                     self.step_profiled = False
                     return
                 self.profiled_steps.append(step)
+                backend.on_step(self.role, step)
                 if not self.config.discrete:
                     backend.start(self._spec(naming.CONTINUOUS_STAGE))
                 STATE.recording = True
@@ -301,9 +307,9 @@ class Session:
 
     # ------------------------------------------------------------------ stages and windows
 
-    def enter_stage(self, name: str, scheduled: bool) -> _Frame:
-        """A stage begins inside a profiled step."""
-        frame = _Frame(name, scheduled)
+    def enter_stage(self, name: str, scheduled: bool, *, concurrent: bool = False) -> _Frame:
+        """A stage begins inside a profiled step; ``concurrent`` for coroutines (ranges not per thread)."""
+        frame = _Frame(name, scheduled, concurrent)
         self._frames.append(frame)
         backend = self._backend
         if backend is None:
@@ -313,8 +319,8 @@ class Session:
                 windowed = scheduled and self.config.schedule is not None
                 backend.start(self._spec(name, self.config.schedule if windowed else None))
                 frame.traced, frame.windowed = True, windowed
-            if not frame.windowed:  # a window trace holds mini-batch ranges, not a cut stage range
-                frame.close_range = backend.enter_range(name)
+            if not frame.windowed or backend.stage_range_in_windows:
+                frame.close_range = backend.enter_range(name, concurrent=concurrent)
         except Exception as exc:
             self._fail(f"could not start stage {name!r}", exc)
         return frame
@@ -356,7 +362,7 @@ class Session:
             return frame, None
         close = None
         try:
-            close = backend.enter_range(f"mini_batch{mini_batch}")
+            close = backend.enter_range(f"mini_batch{mini_batch}", concurrent=frame is not None and frame.concurrent)
         except Exception as exc:
             self._fail("could not record a mini-batch range", exc)
         if frame is not None:
@@ -485,6 +491,29 @@ def uninstall_process_hooks() -> None:
         _sigterm_installed = False
 
 
+NVTX_INJECTION_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
+KEEP_NVTX_INJECTION = "INSTRUMENT_KEEP_NVTX_INJECTION"
+"""Set to 1 to keep an NVTX injection library even under ``tool="torch"`` with CUDA."""
+
+
+def _keep_cupti_for_torch(config: ProfilerConfig) -> None:
+    """Under torch.profiler with CUDA, drop NVTX injection (nsys): both want CUPTI, and torch loses its kernels.
+
+    Takes effect for NVTX calls that have not happened yet in this process (the tool is chosen
+    at the first call), so ``configure`` should run before CUDA work.
+    """
+    if config.tool != "torch" or "cuda" not in config.contents or os.environ.get(KEEP_NVTX_INJECTION) == "1":
+        return
+    removed = [name for name in NVTX_INJECTION_VARIABLES if os.environ.pop(name, None) is not None]
+    if removed:
+        logger.warning(
+            "instrument: tool='torch' with CUDA: removed %s from this process's environment so torch.profiler "
+            "keeps CUPTI (kernels in the trace); set %s=1 to keep NVTX injection",
+            ", ".join(removed),
+            KEEP_NVTX_INJECTION,
+        )
+
+
 def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_size: int | None) -> Session:
     """Validate and install a new session for this process."""
     if not isinstance(config, ProfilerConfig):
@@ -501,6 +530,7 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         _ranks.validate_ranks(config.ranks, world_size)
     if config.finish_hook is not None and not config.finish_hook.all_ranks:
         _ranks.validate_ranks(config.finish_hook.ranks, world_size, field="finish_hook.ranks")
+    _keep_cupti_for_torch(config)
     previous = STATE.session
     if previous is not None and not previous.finished:
         logger.warning("instrument: configure() called while a run was open; finishing that run first")

@@ -27,9 +27,10 @@ import torch.profiler
 
 from instrument import naming
 from instrument._manifest import Manifest, TraceRecord
-from instrument.schedule import Action, ScheduleLike, action_at, window_of
+from instrument.backends import TraceSpec
+from instrument.schedule import Action, action_at, window_of
 
-__all__ = ["TorchBackend", "TraceSpec"]
+__all__ = ["TorchBackend"]
 
 logger = logging.getLogger("instrument")
 
@@ -41,20 +42,6 @@ except ImportError:  # pragma: no cover - older or newer torch without it
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 _EXCLUSIVE_ATTEMPTS = 5
-
-
-@dataclass(frozen=True)
-class TraceSpec:
-    """What one trace is of: the values its file name and manifest line are made from."""
-
-    save_path: str
-    role: str
-    stage: str
-    step: int
-    rank: int
-    world_size: int
-    contents: tuple[str, ...]
-    schedule: ScheduleLike | None = None
 
 
 class _Profile(torch.profiler.profile):
@@ -87,6 +74,10 @@ class TorchBackend:
     """Drives torch.profiler for one process; every failure goes to ``report`` and never raises from export."""
 
     tool = "torch"
+    stage_range_in_windows = False  # a window trace starts mid-stage: a stage range would be cut
+
+    def on_step(self, role: str, step: int) -> None:
+        """A step begins (torch needs nothing: every trace is opened by :meth:`start`)."""
 
     def __init__(self, manifest: Manifest, report: Callable[[str, BaseException], None]) -> None:
         self._manifest = manifest
@@ -164,7 +155,7 @@ class TorchBackend:
         with _FastRange(name) if _FastRange is not None else torch.autograd.profiler.record_function(name):
             yield
 
-    def enter_range(self, name: str) -> Callable[[], None]:
+    def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
         """Open a range now; the returned function closes it (cheaper than a generator context)."""
         if _FastRange is not None:
             fast = _FastRange(name)

@@ -25,6 +25,7 @@ from ray.exceptions import GetTimeoutError, RayError
 
 import instrument
 from instrument._session import STATE
+from instrument.backends.nsys import nsys_runtime_env
 from instrument.config import ProfilerConfig
 
 __all__ = ["ProfileController", "ProfiledWorker", "WorkerFailure", "nsight_runtime_env"]
@@ -234,20 +235,6 @@ class ProfileController:
 def nsight_runtime_env(config: ProfilerConfig, *, capture_ranges: int | None = None) -> dict[str, Any]:
     """``{"nsight": {...}}`` for Ray actors: nsys records only the profiler's capture ranges.
 
-    ``capture_ranges`` is how many ``cudaProfilerStart/Stop`` ranges each worker opens; when it
-    is not given it is derived for continuous mode with listed steps (one range per step), and
-    otherwise ``stop`` ends capture after the first range — a ``repeat-shutdown:N`` that is never
-    reached would leave no report at all.
+    See :func:`instrument.backends.nsys.nsys_options` for how ``capture-range-end`` is chosen.
     """
-    if capture_ranges is None and not config.discrete and config.steps is not None:
-        capture_ranges = len(config.steps)
-    if capture_ranges is not None and capture_ranges < 1:
-        raise ValueError(f"'capture_ranges' must be >= 1: {capture_ranges}")
-    options: dict[str, Any] = {
-        "t": "cuda,nvtx,osrt,cudnn,cublas",
-        "cuda-memory-usage": "true",
-        "capture-range": "cudaProfilerApi",
-        "capture-range-end": f"repeat-shutdown:{capture_ranges}" if capture_ranges else "stop",
-        "kill": "none",
-    }
-    return {"nsight": options}
+    return nsys_runtime_env(config, capture_ranges=capture_ranges)

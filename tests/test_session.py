@@ -1,0 +1,29 @@
+"""Session-level behaviour of configure(): the CUPTI rule between torch.profiler and NVTX injection."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+import instrument as ins
+
+
+@pytest.mark.parametrize(
+    ("tool", "contents", "keep", "kept"),
+    [
+        ("torch", ("cpu", "cuda"), None, False),  # torch with CUDA: nsys's injection would take CUPTI
+        ("torch", ("cpu",), None, True),  # no CUDA activity: nothing to fight over
+        ("nvtx", ("cpu", "cuda"), None, True),  # the NVTX backend needs the injection
+        ("torch", ("cpu", "cuda"), "1", True),  # the documented override
+    ],
+)
+def test_nvtx_injection_is_dropped_only_under_torch_with_cuda(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tool: str, contents: tuple[str, ...], keep: str | None, kept: bool
+) -> None:
+    monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so")
+    if keep is not None:
+        monkeypatch.setenv("INSTRUMENT_KEEP_NVTX_INJECTION", keep)
+    ins.configure(ins.ProfilerConfig(tool=tool, contents=contents, save_path=str(tmp_path)), role="actor", rank=0)
+    assert ("NVTX_INJECTION64_PATH" in os.environ) is kept
