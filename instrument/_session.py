@@ -175,6 +175,7 @@ class Session:
         self._manifest = Manifest(config.save_path)
         self._counters = _Counters()
         self._never_recorded: set[str] = set()
+        self._specs: dict[tuple[str, int | None, bool], TraceSpec] = {}
         self._lock = threading.RLock()
 
     def profiles(self, step: int) -> bool:
@@ -229,6 +230,15 @@ class Session:
         return self._backend
 
     def _spec(self, stage: str, schedule: Any = None) -> TraceSpec:
+        key = (stage, self.step, schedule is not None)
+        spec = self._specs.get(key)
+        if spec is None:
+            if len(self._specs) > 1024:
+                self._specs.clear()
+            spec = self._specs[key] = self._new_spec(stage, schedule)
+        return spec
+
+    def _new_spec(self, stage: str, schedule: Any) -> TraceSpec:
         return TraceSpec(
             save_path=self.config.save_path,
             role=self.role,

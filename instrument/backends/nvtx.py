@@ -117,17 +117,17 @@ class NvtxBackend:
 
     def _attributes_for(self, name: str) -> Any:
         key = (name, self._step)
-        attributes = self._attributes.get(key)
-        if attributes is None:
-            attributes = self._domain.get_event_attributes(
-                message=f"step{self._step}" if name == _STEP_RANGE else f"{name} step{self._step}",
-                color=stage_color(name.rstrip("0123456789")),  # every mini_batch{i} shares a colour
-                category=self._role,
-                payload=self._step,
-            )
-            if len(self._attributes) > 4096:  # a long run: old steps' attributes are not needed again
-                self._attributes.clear()
-            self._attributes[key] = attributes
+        if key in self._attributes:  # a dict hit, not a None test: without a tool attributes are None
+            return self._attributes[key]
+        attributes = self._domain.get_event_attributes(
+            message=f"step{self._step}" if name == _STEP_RANGE else f"{name} step{self._step}",
+            color=stage_color(name.rstrip("0123456789")),  # every mini_batch{i} shares a colour
+            category=self._role,
+            payload=self._step,
+        )
+        if len(self._attributes) > 4096:  # a long run: old steps' attributes are not needed again
+            self._attributes.clear()
+        self._attributes[key] = attributes
         return attributes
 
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
