@@ -163,10 +163,10 @@ class NvtxBackend:
             raise RuntimeError(f"already tracing {self._spec}")
         self._spec, self._mini_batches, self.windows_saved = spec, 0, 0
         self._role, self._step = spec.role, spec.step
-        if spec.stage == naming.CONTINUOUS_STAGE:
-            self._close_outer = self.enter_range(_STEP_RANGE)
         if spec.schedule is None or action_at(0, spec.schedule) in _RECORDING:
             self._capture(True)
+        if spec.stage == naming.CONTINUOUS_STAGE:  # inside the capture range, so nsys sees it whole
+            self._close_outer = self.enter_range(_STEP_RANGE)
 
     def window_step(self) -> None:
         """A mini-batch of a scheduled stage ended: close or open the capture range as the schedule says."""
@@ -184,11 +184,11 @@ class NvtxBackend:
         if self._spec is None:
             return
         try:
-            self._capture(False)
-        finally:
             if self._close_outer is not None:
                 self._close_outer()
                 self._close_outer = None
+        finally:
+            self._capture(False)
             self._spec = None
 
     def flush(self) -> list[TraceRecord]:
