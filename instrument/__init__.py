@@ -9,7 +9,7 @@ from __future__ import annotations
 from instrument._api import configure, finish, profile_step, profile_window, profiled_stage
 from instrument._session import Session
 from instrument._version import __version__
-from instrument.config import CONTENTS, TOOLS, FinishHook, ProfilerConfig, Schedule
+from instrument.config import CONTENTS, TOOLS, FinishHook, ProfilerConfig, Schedule, SlowStep
 
 __all__ = [
     "CONTENTS",
@@ -18,6 +18,7 @@ __all__ = [
     "ProfilerConfig",
     "Schedule",
     "Session",
+    "SlowStep",
     "__version__",
     "configure",
     "finish",

@@ -23,6 +23,7 @@ from instrument import _verl
 __all__ = [
     "CONTENTS",
     "TOOLS",
+    "SlowStep",
     "FinishHook",
     "ProfilerConfig",
     "Schedule",
@@ -204,6 +205,26 @@ def _to_schedule(value: Any) -> Any:
     return _from_mapping(Schedule, value, "schedule")
 
 
+def _check_factor(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"'{attribute.name}' must be a number > 1: {value!r}")
+    if not (math.isfinite(value) and value > 1):
+        raise ValueError(f"'{attribute.name}' must be a finite number > 1: {value!r}")
+
+
+@attrs.frozen
+class SlowStep:
+    """Profile the next ``steps`` steps of a rank whose step took ``factor`` x the median of its last ``window``."""
+
+    factor: float = attrs.field(default=1.5, validator=_check_factor)
+    window: int = attrs.field(default=20, validator=_int_at_least(2))
+    steps: int = attrs.field(default=1, validator=_int_at_least(1))
+
+
+def _to_trigger(value: Any) -> Any:
+    return _from_mapping(SlowStep, value, "trigger")
+
+
 def _to_finish_hook(value: Any) -> Any:
     return _from_mapping(FinishHook, value, "finish_hook")
 
@@ -240,6 +261,11 @@ class ProfilerConfig:
     token_window: tuple[int, int] | None = attrs.field(
         default=None, converter=_to_window, validator=_check_token_window
     )
+    metrics: bool = attrs.field(default=False, validator=_boolean)
+    metrics_rank_label: bool = attrs.field(default=False, validator=_boolean)
+    trigger: SlowStep | None = attrs.field(default=None, converter=_to_trigger, validator=_optional_instance(SlowStep))
+    on_demand: bool = attrs.field(default=False, validator=_boolean)
+    max_triggered: int = attrs.field(default=3, validator=_int_at_least(0))
 
     def __attrs_post_init__(self) -> None:
         if self.active:
@@ -365,6 +391,13 @@ def _merge_schedule(a: _M | None, b: _M | None, union: bool, field: str = "sched
     return _same(field, a, b)  # type: ignore[no-any-return]
 
 
+def _merge_optional(a: _M | None, b: _M | None, union: bool, field: str) -> _M | None:
+    """A feature either side turns on: a union keeps it, an intersection only if both have it."""
+    if a is None or b is None:
+        return (b if a is None else a) if union else None
+    return _same(field, a, b)  # type: ignore[no-any-return]
+
+
 def _merge_hooks(a: FinishHook | None, b: FinishHook | None, union: bool) -> FinishHook | None:
     if a is None or b is None:
         return (b if a is None else a) if union else None
@@ -395,6 +428,15 @@ _MERGE_RULES: dict[str, Callable[[ProfilerConfig, ProfilerConfig, bool], Any]] =
         a.relocate_results or b.relocate_results if union else a.relocate_results and b.relocate_results
     ),
     "finish_hook": lambda a, b, union: _merge_hooks(a.finish_hook, b.finish_hook, union),
+    "metrics": lambda a, b, union: a.metrics or b.metrics if union else a.metrics and b.metrics,
+    "metrics_rank_label": lambda a, b, union: (
+        a.metrics_rank_label or b.metrics_rank_label if union else a.metrics_rank_label and b.metrics_rank_label
+    ),
+    "trigger": lambda a, b, union: _merge_optional(a.trigger, b.trigger, union, "trigger"),
+    "on_demand": lambda a, b, union: a.on_demand or b.on_demand if union else a.on_demand and b.on_demand,
+    "max_triggered": lambda a, b, union: (
+        max(a.max_triggered, b.max_triggered) if union else min(a.max_triggered, b.max_triggered)
+    ),
     # Like a schedule: no window records every engine iteration, so it wins a union.
     "token_window": lambda a, b, union: _merge_schedule(a.token_window, b.token_window, union, "token_window"),
 }
@@ -416,7 +458,7 @@ def _merge(a: ProfilerConfig, b: ProfilerConfig, union: bool) -> ProfilerConfig:
 
 # --------------------------------------------------------------------------- keys and values
 
-_NESTED = {"schedule": Schedule, "finish_hook": FinishHook}
+_NESTED = {"schedule": Schedule, "finish_hook": FinishHook, "trigger": SlowStep}
 
 
 def _valid_keys() -> list[str]:

@@ -2,7 +2,7 @@
 
 A trace name is::
 
-    {role}_{stage}_step{S}_rank{r}-of-{W}[_mb{a}[-{b}]][_partial]_{host}_pid{pid}_{timestamp}
+    {role}_{stage}_step{S}_rank{r}-of-{W}[_mb{a}[-{b}]][_partial][_trig]_{host}_pid{pid}_{timestamp}
 
 followed by :data:`TRACE_SUFFIX`.  ``_`` separates fields, so labels (role,
 stage, host) are sanitised to ``[A-Za-z0-9.=+-]``: every other character
@@ -52,7 +52,7 @@ _LABEL = r"[A-Za-z0-9=+-]+(?:\.[A-Za-z0-9=+-]+)*"
 _NAME = re.compile(
     rf"(?P<role>{_LABEL})_(?P<stage>{_LABEL})"
     r"_step(?P<step>0|[1-9][0-9]*)_rank(?P<rank>0|[1-9][0-9]*)-of-(?P<world_size>[1-9][0-9]*)"
-    r"(?:_mb(?P<first>0|[1-9][0-9]*)(?:-(?P<last>0|[1-9][0-9]*))?(?P<partial>_partial)?)?"
+    r"(?:_mb(?P<first>0|[1-9][0-9]*)(?:-(?P<last>0|[1-9][0-9]*))?(?P<partial>_partial)?)?(?P<triggered>_trig)?"
     rf"_(?P<host>{_LABEL})_pid(?P<pid>0|[1-9][0-9]*)_(?P<timestamp_ns>0|[1-9][0-9]*)"
 )
 
@@ -97,6 +97,7 @@ class TraceName:
     timestamp_ns: int
     window: tuple[int, int] | None = None
     partial: bool = False
+    triggered: bool = False
 
     def basename(self) -> str:
         """The name these fields stand for (without suffix)."""
@@ -119,8 +120,9 @@ def trace_prefix(
     world_size: int,
     window: tuple[int, int] | None = None,
     partial: bool = False,
+    triggered: bool = False,
 ) -> str:
-    """The part of a trace name before ``_{host}_pid{pid}_{timestamp}``."""
+    """The part of a trace name before ``_{host}_pid{pid}_{timestamp}``; ``triggered`` adds ``_trig``."""
     _check_int("step", step, 0)
     _check_int("world_size", world_size, 1)
     _check_int("rank", rank, 0)
@@ -136,6 +138,8 @@ def trace_prefix(
         raise ValueError("'partial' needs a 'window': only a mini-batch window can be partial")
     if partial:
         name += "_partial"
+    if triggered:
+        name += "_trig"
     return name
 
 
@@ -151,10 +155,18 @@ def trace_basename(
     timestamp_ns: int | None = None,
     window: tuple[int, int] | None = None,
     partial: bool = False,
+    triggered: bool = False,
 ) -> str:
     """Build a trace name without suffix; host, pid and timestamp default to this process and now."""
     prefix = trace_prefix(
-        role=role, stage=stage, step=step, rank=rank, world_size=world_size, window=window, partial=partial
+        role=role,
+        stage=stage,
+        step=step,
+        rank=rank,
+        world_size=world_size,
+        window=window,
+        partial=partial,
+        triggered=triggered,
     )
     host = short_hostname() if host is None else sanitize_label(host)
     pid = os.getpid() if pid is None else pid
@@ -197,4 +209,5 @@ def parse_trace_name(name: str) -> TraceName | None:
         timestamp_ns=int(fields["timestamp_ns"]),
         window=window,
         partial=fields["partial"] is not None,
+        triggered=fields["triggered"] is not None,
     )

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.config import CONTENTS, FinishHook, ProfilerConfig, Schedule, parse_value
+from instrument.config import CONTENTS, FinishHook, ProfilerConfig, Schedule, SlowStep, parse_value
 
 # --------------------------------------------------------------------------- validation messages
 
@@ -60,6 +60,9 @@ def test_schedule_rejects(kwargs: dict[str, object], error: type[Exception], mes
         ({"schedule": {"activ": 2}}, ValueError, "unknown configuration key 'schedule.activ'; did you mean"),
         ({"finish_hook": {"cmd": "  "}}, ValueError, "'cmd' must be a non-empty shell command: '  '"),
         ({"finish_hook": {"cmd": ["ls"]}}, TypeError, "'cmd' must be a shell command string: ['ls']"),
+        ({"trigger": {"factor": 1}}, ValueError, "'factor' must be a finite number > 1: 1"),
+        ({"trigger": {"window": 1}}, ValueError, "'window' must be >= 2: 1"),
+        ({"max_triggered": -1}, ValueError, "'max_triggered' must be >= 0: -1"),
         ({"token_window": [5, 2]}, ValueError, "'token_window' must satisfy 0 <= first <= last: [5, 2]"),
         ({"token_window": 5}, TypeError, "'token_window' must be a [first, last] pair of engine iterations or null: 5"),
     ],
@@ -258,6 +261,13 @@ def _configs(draw: st.DrawFn, tool: str | None = None, save_path: str | None = N
         relocate_results=draw(st.booleans()),
         finish_hook=draw(st.none() | _hooks) if tool is None else None,
         token_window=draw(st.none() | st.tuples(st.integers(0, 9), st.integers(10, 99))) if tool is None else None,
+        metrics=draw(st.booleans()),
+        metrics_rank_label=draw(st.booleans()),
+        trigger=draw(st.none() | st.builds(SlowStep, factor=st.floats(1.01, 10), window=st.integers(2, 50)))
+        if tool is None
+        else None,
+        on_demand=draw(st.booleans()),
+        max_triggered=draw(st.integers(0, 9)),
     )
 
 

@@ -72,6 +72,7 @@ def name_fields(draw: st.DrawFn) -> dict[str, object]:
         "timestamp_ns": draw(naturals),
         "window": window,
         "partial": window is not None and draw(st.booleans()),
+        "triggered": draw(st.booleans()),
     }
 
 
@@ -169,6 +170,8 @@ def raw_names(draw: st.DrawFn) -> tuple[str, bool]:
             ok_window = ok_window and _valid_int(last) and int(last) > int(first)
         if draw(st.booleans()):
             window += "_partial"
+    if draw(st.booleans()):
+        window += "_trig"
     name = f"{role}_{stage}_step{step}_rank{rank}-of-{world}{window}_{host}_pid{pid}_{timestamp}"
     valid = (
         all(_valid_label(label) for label in (role, stage, host))
