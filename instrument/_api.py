@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar, overload
@@ -70,18 +71,24 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
 
     def __enter__(self) -> profiled_stage:
         session = STATE.session
-        if STATE.recording and session is not None:
-            self._frames.append(session.enter_stage(self.name, self.scheduled))
-        else:
+        if not STATE.engaged or session is None:
             self._frames.append(None)
+            return self
+        frame = session.enter_stage(self.name, self.scheduled) if STATE.recording else None
+        self._frames.append((frame, time.perf_counter()))
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        frame = self._frames.pop() if self._frames else None
+        entry = self._frames.pop() if self._frames else None
         session = STATE.session
-        if frame is not None and session is not None:
+        if entry is None or session is None:
+            return
+        frame, started = entry
+        if session.metrics is not None:
+            session.observe_stage(self.name, time.perf_counter() - started)
+        if frame is not None:
             session.exit_stage(frame)
 
     # -- as a decorator
@@ -111,49 +118,70 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool) -> Callable[...,
         @functools.wraps(func)
         async def stage_coroutine(*args: Any, **kwargs: Any) -> Any:
             session = state.session
-            if not state.recording or session is None:
+            if not state.engaged or session is None:
                 return await func(*args, **kwargs)
-            frame = session.enter_stage(name, scheduled, concurrent=True)
+            frame = session.enter_stage(name, scheduled, concurrent=True) if state.recording else None
+            started = time.perf_counter()
             try:
                 return await func(*args, **kwargs)  # the range covers the awaited work
             finally:
-                session.exit_stage(frame)
+                _stage_done(session, name, frame, started)
 
         return stage_coroutine
 
     @functools.wraps(func)
     def stage(*args: Any, **kwargs: Any) -> Any:
-        if not state.recording:
+        if not state.engaged:
             return func(*args, **kwargs)
-        session = state.session
-        if session is None:
-            return func(*args, **kwargs)
-        frame = session.enter_stage(name, scheduled)
-        try:
-            return func(*args, **kwargs)
-        finally:
-            session.exit_stage(frame)
+        return _engaged_call(func, name, scheduled, args, kwargs)
 
     return stage
 
 
-class _Window:
-    """The context manager ``profile_window`` returns while recording."""
+def _engaged_call(func: Callable[..., Any], name: str, scheduled: bool, args: Any, kwargs: Any) -> Any:
+    """A decorated call on a profiled step, or with stage metrics on."""
+    session = STATE.session
+    if session is None:
+        return func(*args, **kwargs)
+    frame = session.enter_stage(name, scheduled) if STATE.recording else None
+    started = time.perf_counter()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        _stage_done(session, name, frame, started)
 
-    __slots__ = ("_close", "_frame", "_session", "mini_batch")
+
+def _stage_done(session: Session, name: str, frame: Any, started: float) -> None:
+    if session.metrics is not None:
+        session.observe_stage(name, time.perf_counter() - started)
+    if frame is not None:
+        session.exit_stage(frame)
+
+
+class _Window:
+    """The context manager ``profile_window`` returns on profiled steps or with stage metrics on."""
+
+    __slots__ = ("_close", "_frame", "_recording", "_session", "_started", "mini_batch")
 
     def __init__(self, session: Session, mini_batch: int) -> None:
         self._session = session
         self.mini_batch = mini_batch
+        self._recording = STATE.recording
         self._frame: Any = None
         self._close: Any = None
+        self._started = 0.0
 
     def __enter__(self) -> _Window:
-        self._frame, self._close = self._session.enter_window(self.mini_batch)
+        if self._recording:
+            self._frame, self._close = self._session.enter_window(self.mini_batch)
+        self._started = time.perf_counter()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
-        self._session.exit_window(self._frame, self._close)
+        if self._session.metrics is not None:
+            self._session.observe_stage("mini_batch", time.perf_counter() - self._started)
+        if self._recording:
+            self._session.exit_window(self._frame, self._close)
 
 
 class _Idle:
@@ -173,7 +201,7 @@ _IDLE = _Idle()
 
 def profile_window(*, mini_batch: int) -> _Window | _Idle:
     """Mark one optimizer update (``mini_batch`` counts from 0); in a scheduled stage it advances the schedule."""
-    if not STATE.recording:
+    if not STATE.engaged:
         return _IDLE
     session = STATE.session
     if session is None:

@@ -37,6 +37,7 @@ class TraceRecord:
     partial: bool
     bytes: int
     tool: str
+    triggered: bool = False
 
     def to_json(self) -> str:
         """The record as one JSON line (without newline)."""

@@ -12,8 +12,11 @@ import atexit
 import logging
 import os
 import signal
+import statistics
 import sys
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,10 +57,11 @@ class Backend(Protocol):
 class _State:
     """The flags the hot path reads."""
 
-    __slots__ = ("recording", "session")
+    __slots__ = ("engaged", "recording", "session")
 
     def __init__(self) -> None:
-        self.recording = False
+        self.recording = False  # a profiled step is open on this rank
+        self.engaged = False  # recording, or stage metrics on: decorated calls take the slow path
         self.session: Session | None = None
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
@@ -175,7 +179,23 @@ class Session:
         self._manifest = Manifest(config.save_path)
         self._counters = _Counters()
         self._never_recorded: set[str] = set()
-        self._specs: dict[tuple[str, int | None, bool], TraceSpec] = {}
+        self._specs: dict[tuple[str, int | None, bool, bool], TraceSpec] = {}
+        self.step_triggered = False
+        self.triggered_steps: list[int] = []
+        self._pending_triggered = 0
+        self._signal_requested = False
+        self._trigger_file_seen: tuple[int, int] | None = None
+        self._cap_reported = False
+        self._step_started = 0.0
+        self._durations: deque[float] = deque(maxlen=config.trigger.window if config.trigger else 1)
+        self.metrics: Any = None
+        if config.metrics:
+            try:
+                from instrument.metrics import StageMetrics
+
+                self.metrics = StageMetrics(role=role, rank=rank, rank_label=config.metrics_rank_label)
+            except Exception as exc:
+                self._fail("cannot record stage metrics (is prometheus_client installed?)", exc)
         self._lock = threading.RLock()
 
     def profiles(self, step: int) -> bool:
@@ -196,6 +216,8 @@ class Session:
 
     def _fail(self, what: str, exc: BaseException) -> None:
         self._counters.failures += 1
+        if self.metrics is not None:
+            self.metrics.failures.inc()
         if what in self._counters.warned:
             logger.debug("instrument: %s: %s", what, exc)
             return
@@ -230,7 +252,7 @@ class Session:
         return self._backend
 
     def _spec(self, stage: str, schedule: Any = None) -> TraceSpec:
-        key = (stage, self.step, schedule is not None)
+        key = (stage, self.step, schedule is not None, self.step_triggered)
         spec = self._specs.get(key)
         if spec is None:
             if len(self._specs) > 1024:
@@ -248,6 +270,7 @@ class Session:
             world_size=self.world_size,
             contents=self.config.contents,
             schedule=schedule,
+            triggered=self.step_triggered,
         )
 
     # ------------------------------------------------------------------ steps
@@ -260,7 +283,10 @@ class Session:
                     logger.warning("instrument: step %d began while step %s was open; closing it", step, self.step)
                     self.end_step()
                 self.step = step
-                self.step_profiled = not self.finished and self.profiles_rank and self.config.profiles_step(step)
+                self._step_started = time.perf_counter()
+                planned = self.profiles_rank and self.config.profiles_step(step)
+                self.step_triggered = not planned and self._triggered_now(step)
+                self.step_profiled = not self.finished and (planned or self.step_triggered)
                 if not self.step_profiled:
                     return
                 backend = self._ensure_backend()
@@ -268,10 +294,12 @@ class Session:
                     self.step_profiled = False
                     return
                 self.profiled_steps.append(step)
+                if self.step_triggered:
+                    self.triggered_steps.append(step)
                 backend.on_step(self.role, step)
                 if not self.config.discrete:
                     backend.start(self._spec(naming.CONTINUOUS_STAGE))
-                STATE.recording = True
+                STATE.recording = STATE.engaged = True
             except Exception as exc:
                 self._fail(f"could not start profiling step {step}", exc)
 
@@ -284,6 +312,8 @@ class Session:
         with self._lock:
             step, self.step = self.step, None
             STATE.recording = False
+            STATE.engaged = self.metrics is not None
+            self._after_step(step)
             try:
                 if self._backend is not None and self._backend.tracing and not self.config.discrete:
                     self._backend.stop()
@@ -291,7 +321,9 @@ class Session:
                 self._fail(f"could not save the trace of step {step}", exc)
             self.step_profiled = False
             steps = self.config.steps
-            after_last = last or (steps is not None and step is not None and step >= steps[-1])
+            # With triggers a step nobody planned may still come: only `last` or finish() ends the run.
+            may_trigger = self.config.trigger is not None or self.config.on_demand
+            after_last = last or (not may_trigger and steps is not None and step is not None and step >= steps[-1])
             if after_last and self.auto_finish_hook and self._hook_pending():
                 self.wait_for_exports()
                 if not failed:
@@ -314,6 +346,84 @@ class Session:
                 dist.barrier(async_op=True).wait(timeout=timeout)
         except Exception as exc:  # a dead or late rank: run the hook on what is there
             self._fail("ranks did not meet before the finish hook", exc)
+
+    # ------------------------------------------------------------------ on-demand profiling and metrics
+
+    def _triggered_now(self, step: int) -> bool:
+        """Whether a trigger asks for this step (slow step, SIGUSR1, the trigger file), within the cap."""
+        if not self.config.active:
+            return False
+        wanted = self._pending_triggered > 0 or self._signal_requested or self._trigger_file_appeared()
+        if not wanted:
+            return False
+        self._signal_requested = False
+        self._pending_triggered = max(0, self._pending_triggered - 1)
+        if len(self.triggered_steps) >= self.config.max_triggered:
+            if not self._cap_reported:
+                self._cap_reported = True
+                logger.warning(
+                    "instrument: %d triggered steps already profiled (max_triggered); step %d is not",
+                    len(self.triggered_steps),
+                    step,
+                )
+            return False
+        logger.info("instrument: profiling step %d on demand (rank %d)", step, self.rank)
+        return True
+
+    def _trigger_file_appeared(self) -> bool:
+        if not self.config.on_demand:
+            return False
+        try:
+            st = os.stat(os.path.join(self.config.save_path, TRIGGER_FILE))
+        except OSError:
+            return False
+        seen = (st.st_ino, st.st_mtime_ns)
+        if seen == self._trigger_file_seen:
+            return False  # each file (or touch of it) triggers once per process
+        self._trigger_file_seen = seen
+        return True
+
+    def request_profile(self) -> None:
+        """Profile the next step (what SIGUSR1 does); async-signal-safe: it only sets a flag."""
+        self._signal_requested = True
+
+    def _after_step(self, step: int | None) -> None:
+        """Step metrics and the slow-step trigger."""
+        if step is None:
+            return
+        seconds = time.perf_counter() - self._step_started
+        try:
+            if self.metrics is not None:
+                self.metrics.step.observe(seconds)
+                self.metrics.steps.inc()
+            trigger = self.config.trigger
+            if trigger is not None:
+                history = self._durations
+                if len(history) == history.maxlen:
+                    median = statistics.median(history)
+                    if seconds > trigger.factor * median:
+                        self._pending_triggered = trigger.steps
+                        logger.warning(
+                            "instrument: step %d took %.3f s, over %.1f x the median %.3f s of the last %d: "
+                            "profiling the next %d step(s) on rank %d",
+                            step,
+                            seconds,
+                            trigger.factor,
+                            median,
+                            len(history),
+                            trigger.steps,
+                            self.rank,
+                        )
+                history.append(seconds)
+        except Exception as exc:
+            self._fail("could not record step metrics", exc)
+
+    def observe_stage(self, name: str, seconds: float) -> None:
+        """Record one stage (or ``mini_batch``) duration in the metrics."""
+        try:
+            self.metrics.stage_observer(name)(seconds)
+        except Exception as exc:
+            self._fail("could not record stage metrics", exc)
 
     # ------------------------------------------------------------------ stages and windows
 
@@ -346,6 +456,8 @@ class Session:
                 frame.close_range()
             if frame.traced and self._backend is not None:
                 self._backend.stop()
+                if self.metrics is not None:
+                    self.metrics.windows.inc(self._backend.windows_saved)
                 if frame.windowed and self._backend.windows_saved == 0:
                     self._report_never_recorded(frame)
         except Exception as exc:
@@ -394,11 +506,16 @@ class Session:
 
     # ------------------------------------------------------------------ the end
 
+    def _add_records(self, records: list[TraceRecord]) -> None:
+        self.records.extend(records)
+        if self.metrics is not None and records:
+            self.metrics.bytes.inc(sum(record.bytes for record in records))
+
     def wait_for_exports(self) -> None:
         """Block until every trace this process saved so far is on disk."""
         if self._backend is not None:
             try:
-                self.records.extend(self._backend.flush())
+                self._add_records(self._backend.flush())
             except Exception as exc:
                 self._fail("could not finish exporting traces", exc)
 
@@ -438,7 +555,7 @@ class Session:
                 self.exit_stage(frame)
             if self._backend is not None:
                 try:
-                    self.records.extend(self._backend.close())
+                    self._add_records(self._backend.close())
                 except Exception as exc:
                     self._fail("could not flush traces", exc)
 
@@ -452,6 +569,8 @@ class Session:
                 if run_hook and self.auto_finish_hook:
                     self.run_finish_hook()
                 self.finished = True
+                if STATE.session is self:
+                    STATE.engaged = False
             return [record.path for record in self.records]
 
 
@@ -493,12 +612,43 @@ def _install_process_hooks() -> None:
             logger.debug("instrument: no SIGTERM handler: %s", exc)
 
 
+TRIGGER_FILE = "PROFILE_NEXT_STEP"
+"""Creating ``save_path/PROFILE_NEXT_STEP`` makes every process (with ``on_demand``) profile its next step."""
+
+_previous_usr1: Any = None
+_usr1_installed = False
+
+
+def _on_usr1(signum: int, frame: FrameType | None) -> None:
+    session = STATE.session
+    if session is not None:
+        session.request_profile()
+    if callable(_previous_usr1):
+        _previous_usr1(signum, frame)
+
+
+def _install_usr1() -> None:
+    global _previous_usr1, _usr1_installed
+    if _usr1_installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        _previous_usr1 = signal.signal(signal.SIGUSR1, _on_usr1)
+        _usr1_installed = True
+    except (ValueError, OSError, AttributeError) as exc:
+        logger.warning("instrument: on_demand: no SIGUSR1 handler in this process: %s", exc)
+
+
 def uninstall_process_hooks() -> None:
     """Restore the SIGTERM handler found at install time (tests)."""
-    global _sigterm_installed
-    if _sigterm_installed and threading.current_thread() is threading.main_thread():
+    global _sigterm_installed, _usr1_installed
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if _sigterm_installed:
         signal.signal(signal.SIGTERM, _previous_sigterm if _previous_sigterm is not None else signal.SIG_DFL)
         _sigterm_installed = False
+    if _usr1_installed:
+        signal.signal(signal.SIGUSR1, _previous_usr1 if _previous_usr1 is not None else signal.SIG_DFL)
+        _usr1_installed = False
 
 
 NVTX_INJECTION_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
@@ -547,6 +697,9 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         previous.finish()
     session = Session(config, role=role, rank=rank, world_size=world_size)
     STATE.recording = False
+    STATE.engaged = session.metrics is not None
     STATE.session = session
+    if config.on_demand:
+        _install_usr1()
     _install_process_hooks()
     return session

@@ -23,4 +23,5 @@ def reset() -> None:
         session.finish(run_hook=False)
     STATE.session = None
     STATE.recording = False
+    STATE.engaged = False
     uninstall_process_hooks()

@@ -24,3 +24,4 @@ class TraceSpec:
     world_size: int
     contents: tuple[str, ...]
     schedule: ScheduleLike | None = None
+    triggered: bool = False  # profiled on demand: the name carries "_trig"

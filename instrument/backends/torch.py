@@ -213,6 +213,7 @@ class TorchBackend:
             world_size=spec.world_size,
             window=window,
             partial=partial,
+            triggered=spec.triggered,
         )
 
     def _submit(self, job: _Export) -> None:
@@ -266,6 +267,7 @@ class TorchBackend:
             partial=job.partial,
             bytes=final.stat().st_size,
             tool=self.tool,
+            triggered=job.spec.triggered,
         )
         with self._done_lock:
             self._done.append(record)
