@@ -313,7 +313,7 @@ class Session:
             step, self.step = self.step, None
             STATE.recording = False
             STATE.engaged = self.metrics is not None
-            self._after_step(step)
+            self._after_step(step, profiled=self.step_profiled)
             try:
                 if self._backend is not None and self._backend.tracing and not self.config.discrete:
                     self._backend.stop()
@@ -387,8 +387,8 @@ class Session:
         """Profile the next step (what SIGUSR1 does); async-signal-safe: it only sets a flag."""
         self._signal_requested = True
 
-    def _after_step(self, step: int | None) -> None:
-        """Step metrics and the slow-step trigger."""
+    def _after_step(self, step: int | None, *, profiled: bool) -> None:
+        """Step metrics and the slow-step trigger (profiled steps are slower by design: not compared)."""
         if step is None:
             return
         seconds = time.perf_counter() - self._step_started
@@ -397,7 +397,7 @@ class Session:
                 self.metrics.step.observe(seconds)
                 self.metrics.steps.inc()
             trigger = self.config.trigger
-            if trigger is not None:
+            if trigger is not None and not profiled:
                 history = self._durations
                 if len(history) == history.maxlen:
                     median = statistics.median(history)

@@ -37,7 +37,18 @@ _shared: dict[tuple[str, bool], Any] = {}
 
 
 def _families(rank_label: bool) -> Any:
-    """The metric families, created once per process (prometheus_client refuses duplicates)."""
+    """The metric families, created once per process (prometheus_client refuses duplicates).
+
+    The first session decides whether they carry ``rank``; a later session of the same process
+    asking otherwise gets them as they are, with a warning.
+    """
+    for (_, labelled), families in _shared.items():
+        if labelled != rank_label:
+            logger.warning(
+                "instrument: metrics already registered %s a rank label in this process",
+                "with" if labelled else "without",
+            )
+            return families
     key = ("families", rank_label)
     if key not in _shared:
         from prometheus_client import Counter, Histogram
@@ -66,6 +77,7 @@ class StageMetrics:
 
     def __init__(self, *, role: str, rank: int, rank_label: bool) -> None:
         families = _families(rank_label)
+        rank_label = "rank" in families["step"]._labelnames
         self._labels: tuple[str, ...] = (role, str(rank)) if rank_label else (role,)
         self._role, self._rank_label, self._rank = role, rank_label, rank
         self._stage_family = families["stage"]
