@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+import attrs
+
 import instrument as ins
 from instrument.naming import TRACE_SUFFIX
 
@@ -395,8 +397,13 @@ def run_demo(
     overrides: Sequence[str] = (),
     seed: int = 0,
     out: TextIO | None = None,
+    slow_step: int | None = None,
 ) -> DemoResult:
     """Run the PPO demo under the profiling setup of ``config_path`` (plus dotted ``overrides``).
+
+    ``slow_step`` makes that step slow on purpose (a sleep) and turns on the slow-step trigger
+    (``SlowStep(factor=1.5, window=2)`` unless the configuration has one) and stage metrics: the
+    next step is then profiled on demand, its traces marked ``_trig``.
 
     Configures instrument for this process (role :data:`ROLE`, rank 0 of 1), runs ``num_steps``
     RL steps (default :data:`DEFAULT_NUM_STEPS`), prints a line per step and a summary to ``out``
@@ -411,6 +418,11 @@ def run_demo(
     if isinstance(steps_total, bool) or not isinstance(steps_total, int) or steps_total < 1:
         raise ValueError(f"'num_steps' must be an int >= 1: {num_steps!r}")
     cfg = load_config(config_path, overrides)
+    if slow_step is not None:
+        if slow_step < 1:
+            raise ValueError(f"'slow_step' must be >= 1: {slow_step}")
+        steps_total = max(steps_total, slow_step + 1)
+        cfg = attrs.evolve(cfg, trigger=cfg.trigger or ins.SlowStep(factor=1.5, window=2, steps=1), metrics=True)
     save_path = Path(cfg.save_path).absolute()
 
     stream = sys.stdout if out is None else out
@@ -430,13 +442,19 @@ def run_demo(
             started = time.perf_counter()
             with ins.profile_step(step, last=(step == steps_total)):
                 stats = trainer.step()
+                if step == slow_step:
+                    time.sleep(max(0.3, 10 * (time.perf_counter() - started)))  # a straggling step
             seconds = time.perf_counter() - started
             rewards.append(stats.reward)
+            note = "  profiled" if step in profiled else ""
+            if session.step_triggered:
+                note = "  profiled on demand (slow-step trigger)"
+            elif step == slow_step:
+                note += "  slow on purpose"
             say(
                 [
                     f"step {step}/{steps_total}  reward {stats.reward:.3f}  actor_loss {stats.actor_loss:+.4f}  "
-                    f"critic_loss {stats.critic_loss:.4f}  kl {stats.kl:+.4f}  {seconds:5.2f} s"
-                    + ("  profiled" if step in profiled else "")
+                    f"critic_loss {stats.critic_loss:.4f}  kl {stats.kl:+.4f}  {seconds:5.2f} s{note}"
                 ]
             )
         files = tuple(Path(f).absolute() for f in ins.finish())
@@ -471,6 +489,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--num-steps", type=int, default=DEFAULT_NUM_STEPS, metavar="N", help=f"RL steps (default {DEFAULT_NUM_STEPS})"
     )
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--slow-step",
+        type=int,
+        metavar="S",
+        help="make step S slow on purpose: the slow-step trigger profiles the next step (marked _trig)",
+    )
 
 
 def main_from_args(args: argparse.Namespace) -> int:
@@ -480,7 +504,9 @@ def main_from_args(args: argparse.Namespace) -> int:
         packaged = Path(__file__).resolve().parents[1] / DEFAULT_CONFIG  # a source checkout, run from elsewhere
         if packaged.exists():
             config = packaged
-    result = run_demo(config, num_steps=args.num_steps, overrides=args.overrides, seed=args.seed)
+    result = run_demo(
+        config, num_steps=args.num_steps, overrides=args.overrides, seed=args.seed, slow_step=args.slow_step
+    )
     if result.profiled_steps and not result.traces:
         print("instrument demo: error: profiled steps wrote no trace", file=sys.stderr)
         return 1

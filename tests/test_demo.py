@@ -179,3 +179,12 @@ def test_importing_the_demo_loads_no_torch() -> None:
     code = "import sys, instrument._demo; print('torch' in sys.modules)"
     loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
     assert loaded == "False"
+
+
+def test_slow_step_flag_fires_the_trigger_and_lists_the_trace(tmp_path: Path) -> None:
+    out = io.StringIO()
+    result = run_demo(DEFAULT_CONFIG, num_steps=4, overrides=[f"save_path={tmp_path / 'p'}"], slow_step=5, out=out)
+    triggered = [t.name for t in result.traces if "_trig_" in t.name]
+    assert triggered and all("_step6_" in name for name in triggered)
+    assert "profiled on demand (slow-step trigger)" in out.getvalue()
+    assert any(name in out.getvalue() for name in triggered)

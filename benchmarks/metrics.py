@@ -1,0 +1,58 @@
+"""What stage metrics cost per decorated call, side by side in one run: metrics off vs on.
+
+Goal: with metrics on, a stage costs at most 1.5 us more than with metrics off, on an unprofiled
+step (prometheus_client's ``Histogram.observe`` alone costs ~0.8 us here, ~2.1 us when ``.labels()``
+is called per use: children are bound once). Run: ``.venv/bin/python benchmarks/metrics.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import timeit
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Histogram
+
+import instrument as ins
+import instrument.testing
+
+N = 100_000
+
+
+def _best_ns(fn: Callable[[], Any], number: int = N) -> float:
+    return min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e9
+
+
+def target(x: int) -> int:
+    return x
+
+
+def _stage_cost(metrics: bool, save: str) -> float:
+    ins.configure(ins.ProfilerConfig(save_path=save, steps=(999,), metrics=metrics), role="bench", rank=0, world_size=1)
+    staged = ins.profiled_stage("update_actor")(target)
+    with ins.profile_step(1):
+        cost = _best_ns(lambda: staged(1)) - _best_ns(lambda: target(1))
+    instrument.testing.reset()
+    return cost
+
+
+def main() -> None:
+    logging.getLogger("instrument").setLevel(logging.ERROR)
+    histogram = Histogram("bench_seconds", "x", ["stage"], registry=CollectorRegistry())
+    child = histogram.labels("update_actor")
+    observe_bound = _best_ns(lambda: child.observe(0.01))
+    observe_labels = _best_ns(lambda: histogram.labels("update_actor").observe(0.01))
+    with tempfile.TemporaryDirectory() as save:
+        off = _stage_cost(False, save)
+        on = _stage_cost(True, save)
+    print(f"Histogram.observe, bound child              {observe_bound:7.0f} ns")
+    print(f"Histogram.labels(...).observe per use       {observe_labels:7.0f} ns")
+    print(f"@profiled_stage, unprofiled step, metrics off {off:5.0f} ns added")
+    print(f"@profiled_stage, unprofiled step, metrics on  {on:5.0f} ns added")
+    print(f"metrics cost per stage = {on - off:.0f} ns   (goal <= 1500 ns)")
+
+
+if __name__ == "__main__":
+    main()
