@@ -18,7 +18,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -46,7 +45,7 @@ class Backend(Protocol):
     def on_step(self, role: str, step: int) -> None: ...
     @property
     def tracing(self) -> bool: ...
-    def start(self, spec: Any) -> None: ...
+    def start(self, spec: TraceSpec) -> None: ...
     def window_step(self) -> None: ...
     def stop(self) -> None: ...
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]: ...
@@ -151,12 +150,6 @@ class _Frame:
         self.close_window: Callable[[], None] | None = None
 
 
-@dataclass
-class _Counters:
-    failures: int = 0
-    warned: set[str] = field(default_factory=set)
-
-
 class Session:
     """One run of one process: what it profiles, what it wrote, and its finish hook."""
 
@@ -177,7 +170,8 @@ class Session:
         self._backend: Backend | None = None
         self._backend_failed = False
         self._manifest = Manifest(config.save_path)
-        self._counters = _Counters()
+        self.failures = 0  # SDK failures this run absorbed (each kind warned about once)
+        self._warned: set[str] = set()
         self._never_recorded: set[str] = set()
         self._specs: dict[tuple[str, int | None, bool, bool], TraceSpec] = {}
         self.step_triggered = False
@@ -209,19 +203,14 @@ class Session:
 
     # ------------------------------------------------------------------ failures
 
-    @property
-    def failures(self) -> int:
-        """How many SDK failures this run absorbed."""
-        return self._counters.failures
-
     def _fail(self, what: str, exc: BaseException) -> None:
-        self._counters.failures += 1
+        self.failures += 1
         if self.metrics is not None:
             self.metrics.failures.inc()
-        if what in self._counters.warned:
+        if what in self._warned:
             logger.debug("instrument: %s: %s", what, exc)
             return
-        self._counters.warned.add(what)
+        self._warned.add(what)
         logger.warning(
             "instrument: %s (role %s, rank %d): %s: %s; training continues",
             what,
