@@ -44,6 +44,7 @@ demo: $(STAMP)
 		--stage generate_sequences --stage compute_log_prob --stage compute_ref_log_prob --stage compute_values \
 		--stage update_critic:scheduled --stage update_actor:scheduled
 	$(BIN)/instrument demo --config examples/demo.yaml --num-steps 4
+	$(BIN)/instrument analyze outputs/demo/profile --html outputs/demo/analysis.html
 
 # The same loop with verl-style Ray worker groups (actor_rollout_ref and critic, two ranks each).
 demo-ray: $(STAMP)

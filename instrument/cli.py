@@ -109,6 +109,14 @@ def _build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--ray", action="store_true", help="run the worker groups as Ray actors (two data-parallel ranks each)"
     )
+    from instrument.analyze import _cli as analyze_cli  # standard library only: no rich, matplotlib or torch
+
+    analyze = commands.add_parser(
+        "analyze",
+        help="read the traces of a save_path: stage times per step and rank, stragglers, a PNG and HTML",
+        description="Read every trace of a save_path (streaming) and report stage times across ranks and steps.",
+    )
+    analyze_cli.add_arguments(analyze)
     return parser
 
 
@@ -239,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
                 return _demo_ray.main_from_args(args)
             return _demo.main_from_args(args)
+        if args.command == "analyze":
+            from instrument.analyze import _cli as analyze_cli
+
+            return analyze_cli.main_from_args(args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"instrument {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,360 @@
+"""``instrument analyze`` on real torch.profiler traces written through the public API, and damaged ones."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import instrument as ins
+import instrument.testing
+from instrument import cli
+from instrument._manifest import read_manifests
+from instrument.analyze import Report, analyze
+from instrument.analyze import _reader as reader
+
+WORLD = 3
+STEPS = 2
+STRAGGLER = 2
+SLEEP_S = 0.050
+
+
+def _matmul() -> None:
+    torch.randn(32, 32) @ torch.randn(32, 32)
+
+
+class Worker:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+    @ins.profiled_stage("compute_log_prob")
+    def compute_log_prob(self) -> None:
+        _matmul()
+        time.sleep(SLEEP_S)
+
+    @ins.profiled_stage("generate_sequences")
+    def generate_sequences(self) -> None:
+        _matmul()
+        time.sleep(0.090 if self.rank == STRAGGLER else 0.015)
+
+    @ins.profiled_stage("update_actor", scheduled=True)
+    def update_actor(self, n: int) -> None:
+        for i in range(n):
+            with ins.profile_window(mini_batch=i):
+                _matmul()
+                time.sleep(0.004)
+
+
+def _run_ranks(save_path: Path, *, discrete: bool = True, world: int = WORLD, steps: int = STEPS) -> None:
+    """One process plays every rank in turn: configure(rank=r) is what a real rank would call."""
+    for rank in range(world):
+        instrument.testing.reset()
+        cfg = ins.ProfilerConfig(
+            save_path=str(save_path),
+            all_ranks=True,
+            contents=("cpu",),
+            discrete=discrete,
+            schedule=ins.Schedule(wait=1, active=2) if discrete else None,
+        )
+        ins.configure(cfg, role="actor", rank=rank, world_size=world)
+        worker = Worker(rank)
+        for step in range(1, steps + 1):
+            with ins.profile_step(step, last=(step == steps)):
+                worker.generate_sequences()
+                worker.compute_log_prob()
+                worker.update_actor(4)
+        ins.finish()
+    instrument.testing.reset()
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    path = tmp_path_factory.mktemp("analyze") / "profile"
+    _run_ranks(path)
+    yield path
+
+
+@pytest.fixture(scope="module")
+def report(traces: Path) -> Report:
+    return analyze(traces, jobs=1)
+
+
+def _stage(report: Report, name: str, step: int) -> Any:
+    return next(s for s in report.stages if s.stage == name and s.step == step)
+
+
+def _cli(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    rc = cli.main(["analyze", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+def test_a_stage_that_sleeps_50_ms_reports_50_ms_on_every_rank(report: Report) -> None:
+    for step in range(1, STEPS + 1):
+        stage = _stage(report, "compute_log_prob", step)
+        assert len(stage.ranks) == WORLD
+        for rank in stage.ranks:
+            assert rank.basis == "stage"
+            assert 40.0 <= rank.wall_ms <= 60.0, rank
+            assert 0.0 < rank.cpu_ms < rank.wall_ms  # the sleep is no CPU op
+            assert rank.kernel_ms is None  # a CPU-only run has no GPU kernels
+            assert rank.events > 0
+        assert 40.0 <= stage.median_ms <= 60.0
+
+
+def test_the_straggler_rank_is_found_and_sorted_first(report: Report) -> None:
+    for step in range(1, STEPS + 1):
+        stage = _stage(report, "generate_sequences", step)
+        assert stage.straggler_rank == STRAGGLER
+        assert stage.straggler == str(STRAGGLER)
+        assert stage.ratio is not None and stage.ratio > 3.0
+        assert stage.max_ms >= 85.0
+    assert report.stages[0].stage == "generate_sequences"
+    ratios = [s.ratio or 0.0 for s in report.stages]
+    assert ratios == sorted(ratios, reverse=True)
+
+
+def test_window_traces_are_measured_by_their_mini_batches(report: Report) -> None:
+    stage = _stage(report, "update_actor", 1)
+    assert stage.windows == ((1, 2),)
+    for rank in stage.ranks:
+        assert rank.basis == "mini_batches"
+        assert rank.mini_batches == 2
+        assert rank.wall_ms == pytest.approx(rank.minibatch_ms, rel=1e-6)
+        assert 8.0 <= rank.wall_ms <= 40.0
+
+
+def test_json_matches_the_manifest(traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, err = _cli([str(traces), "--json", "--no-png"], capsys)
+    assert rc == 0, err
+    data = json.loads(out)
+    records = list(read_manifests(traces))
+    assert data["files"] == len(records) == WORLD * STEPS * 3
+    assert data["steps"] == sorted({r.step for r in records}) == list(range(1, STEPS + 1))
+    assert data["ranks"] == sorted({r.rank for r in records}) == list(range(WORLD))
+    assert data["skipped"] == []
+    assert data["png"] is None
+    assert "not aligned" in data["caveat"]
+    listed = sorted(f for s in data["stages"] for r in s["per_rank"] for f in r["files"])
+    assert [Path(f).name for f in listed] == sorted(Path(r.path).name for r in records)
+    worst = data["stages"][0]
+    assert (worst["stage"], worst["straggler_rank"]) == ("generate_sequences", STRAGGLER)
+    assert worst["max_ms"] == max(r["wall_ms"] for r in worst["per_rank"])
+
+
+def test_table_png_and_html(traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    png, page = tmp_path / "a.png", tmp_path / "a.html"
+    rc, out, _ = _cli([str(traces), "--png", str(png), "--html", str(page)], capsys)
+    assert rc == 0
+    assert png.stat().st_size > 10_000
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = page.read_text(encoding="utf-8")
+    assert '<img src="data:image/png;base64,' in text
+    assert "generate_sequences" in text and "not aligned" in text
+    for header in ("median ms", "max ms", "slowest", "max/med", "cpu op ms"):
+        assert header in out
+    assert "update_actor [mb1-2]" in out
+    assert "not aligned" in out
+    assert f"picture  {png}" in out
+
+
+def test_default_png_goes_into_the_directory(tmp_path: Path, traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    copy = tmp_path / "copy"
+    shutil.copytree(traces, copy)
+    rc, _, _ = _cli([str(copy)], capsys)
+    assert rc == 0
+    assert (copy / "instrument-analysis.png").stat().st_size > 10_000
+    rc, _, _ = _cli([str(copy), "--json"], capsys)  # the picture is no trace: nothing skipped
+    assert rc == 0
+
+
+def test_filters(traces: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = _cli(
+        [str(traces), "--json", "--no-png", "--ranks", "0,2", "--steps", "2", "--stage", "compute-log-prob"], capsys
+    )
+    assert rc == 0
+    data = json.loads(out)
+    assert [(s["step"], s["stage"]) for s in data["stages"]] == [(2, "compute_log_prob")]
+    assert [r["rank"] for r in data["stages"][0]["per_rank"]] == [0, 2]
+    assert data["files"] == 2
+    two = analyze(traces, stages=["update_actor", "generate_sequences"], steps=[1], jobs=1)
+    assert sorted(s.stage for s in two.stages) == ["generate_sequences", "update_actor"]
+    assert analyze(traces, all_ranks=False, jobs=1).ranks == (0,)
+
+
+def test_every_reader_gives_the_same_numbers(traces: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(reader, "_loads", lambda: None)  # the streaming (ijson) path
+    streamed = analyze(traces, jobs=1)
+    monkeypatch.setattr(reader, "_loads", lambda: json.loads)  # small files decoded whole (orjson when installed)
+    whole = analyze(traces, jobs=1)
+    monkeypatch.setattr(reader, "_loads", lambda: None)
+    monkeypatch.setattr(reader, "_have_ijson", lambda: False)  # without ijson: the standard library
+    stdlib = analyze(traces, jobs=1)
+    expected = [s.to_dict()["per_rank"] for s in streamed.stages]
+    assert expected == [s.to_dict()["per_rank"] for s in whole.stages]
+    assert expected == [s.to_dict()["per_rank"] for s in stdlib.stages]
+
+
+def test_worker_processes_give_the_same_numbers(traces: Path, report: Report) -> None:
+    parallel = analyze(traces, jobs=2)
+    assert parallel.jobs == 2
+    assert [s.to_dict() for s in parallel.stages] == [s.to_dict() for s in report.stages]
+
+
+def test_continuous_traces_are_split_into_stages(tmp_path: Path) -> None:
+    _run_ranks(tmp_path, discrete=False, world=2, steps=1)
+    result = analyze(tmp_path, jobs=1)
+    assert result.ok and result.files == 2
+    assert sorted({s.stage for s in result.stages}) == ["compute_log_prob", "generate_sequences", "update_actor"]
+    for rank in _stage(result, "compute_log_prob", 1).ranks:
+        assert 40.0 <= rank.wall_ms <= 60.0
+        assert 0.0 < rank.cpu_ms < rank.wall_ms
+    update = _stage(result, "update_actor", 1)
+    assert all(r.mini_batches == 4 and r.basis == "stage" for r in update.ranks)
+    assert all(r.minibatch_ms <= r.wall_ms for r in update.ranks)
+    only = analyze(tmp_path, stages=["compute_log_prob"], jobs=1)
+    assert [s.stage for s in only.stages] == ["compute_log_prob"]
+
+
+# --------------------------------------------------------------------------- bad files
+
+
+def _chrome(events: list[dict[str, Any]], **meta: Any) -> bytes:
+    return json.dumps({"schemaVersion": 1, **meta, "traceEvents": events}).encode()
+
+
+def test_damaged_files_are_named_and_the_rest_is_analysed(
+    traces: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    damaged = tmp_path / "damaged"
+    shutil.copytree(traces, damaged)
+    files = sorted(damaged.glob("*.pt.trace.json.gz"))
+    truncated = files[0]
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    not_json = damaged / "actor_compute-log-prob_step7_rank0-of-3_h_pid1_1.pt.trace.json"
+    not_json.write_text("this is not JSON {", encoding="utf-8")
+    no_rank = damaged / "mystery.pt.trace.json"
+    no_rank.write_bytes(_chrome([{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "ts": 1, "dur": 2}]))
+    original = files[3]
+    duplicate = damaged / original.name.replace("_pid", "_pid9")
+    shutil.copy(original, duplicate)
+
+    rc, out, err = _cli([str(damaged), "--json", "--no-png"], capsys)
+    assert rc == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 4, err
+    reasons = {Path(line.split("skipped ", 1)[1].split(": ", 1)[0]).name: line for line in lines}
+    assert "truncated gzip" in reasons[truncated.name]
+    assert "not JSON" in reasons[not_json.name]
+    assert "no rank" in reasons[no_rank.name]
+    assert "duplicate" in reasons[duplicate.name] and original.name in reasons[duplicate.name]
+    data = json.loads(out)
+    assert data["files"] == WORLD * STEPS * 3 - 1
+    assert len(data["skipped"]) == 4
+    assert {s["stage"] for s in data["stages"]} == {"compute_log_prob", "generate_sequences", "update_actor"}
+
+
+def test_bad_arguments_and_directories_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = _cli([str(tmp_path / "missing")], capsys)
+    assert rc == 2 and "not a directory" in err
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["analyze", str(tmp_path), "--ranks", "zero"])
+    assert exc.value.code == 2
+    rc, out, _ = _cli([str(tmp_path), "--no-png"], capsys)  # empty: nothing to say, nothing skipped
+    assert rc == 0 and "no trace found" in out
+    with pytest.raises(ValueError, match="ranks"):
+        analyze(tmp_path, ranks=[-1])
+
+
+# --------------------------------------------------------------------------- engine traces
+
+
+def _engine_events(kernel_us: float) -> list[dict[str, Any]]:
+    return [
+        {"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": 1000.0, "dur": 50.0},
+        {"ph": "X", "cat": "cpu_op", "name": "aten::addmm", "pid": 1, "tid": 1, "ts": 1010.0, "dur": 20.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": 1, "tid": 1, "ts": 1012.0, "dur": 3.0},
+        {"ph": "X", "cat": "kernel", "name": "sm90_gemm", "pid": 0, "tid": 7, "ts": 1100.0, "dur": kernel_us},
+        {"ph": "M", "name": "process_name", "pid": 1, "tid": 0, "args": {"name": "python"}},
+    ]
+
+
+def test_relocated_vllm_engine_traces_are_recognised(tmp_path: Path) -> None:
+    for rank, kernel in ((0, 400.0), (1, 1900.0)):
+        name = f"rollout_engine_step2_rank{rank}-of-2_replica0_step2_rank{rank}.1764000000000000001.pt.trace.json.gz"
+        (tmp_path / name).write_bytes(gzip.compress(_chrome(_engine_events(kernel))))
+    frontend = "rollout_frontend_step2_replica0_step2_node1_4242.async_llm.1764000000000000003.pt.trace.json.gz"
+    (tmp_path / frontend).write_bytes(gzip.compress(_chrome(_engine_events(10.0)[:1])))
+    # a plain trace whose name says nothing: its distributedInfo gives the rank
+    (tmp_path / "worker.json").write_bytes(_chrome(_engine_events(5.0), distributedInfo={"rank": 1, "world_size": 2}))
+
+    result = analyze(tmp_path, jobs=1)
+    assert result.ok, result.skipped
+    engine = _stage(result, "engine", 2)
+    assert [r.rank for r in engine.ranks] == [0, 1]
+    assert engine.straggler_rank == 1
+    assert all(r.basis == "span" for r in engine.ranks)
+    assert engine.ranks[1].wall_ms == pytest.approx((1100 + 1900 - 1000) / 1000)
+    assert engine.ranks[1].kernel_ms == pytest.approx(1.9)
+    assert engine.ranks[0].cpu_ms == pytest.approx(0.05)  # aten::addmm lies inside aten::mm: counted once
+    assert [r.label for r in _stage(result, "frontend", 2).ranks] == ["replica0"]
+    assert [r.rank for r in _stage(result, "trace", 0).ranks] == [1]
+
+
+def test_manifest_records_of_relocated_traces_are_used(tmp_path: Path) -> None:
+    name = "rollout_engine_step3_rank-unknown-of-4_replica1_mystery.pt.trace.json.gz"
+    (tmp_path / name).write_bytes(gzip.compress(_chrome(_engine_events(1.0))))
+    (tmp_path / "instrument-manifest-h-pid1.jsonl").write_text(
+        json.dumps(
+            {
+                "path": f"/elsewhere/{name}",  # written on another machine: matched by file name
+                "role": "rollout",
+                "stage": "engine",
+                "step": 3,
+                "rank": -1,
+                "world": 4,
+                "window": None,
+                "partial": False,
+                "bytes": 1,
+                "tool": "vllm",
+            }
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    result = analyze(tmp_path, jobs=1)
+    assert [(s.path, s.reason) for s in result.skipped] == [
+        (str(tmp_path / name), "no rank: relocated as rank-unknown")
+    ]
+
+
+# --------------------------------------------------------------------------- imports
+
+
+def test_importing_analyze_loads_no_renderer_or_torch() -> None:
+    code = (
+        "import sys, instrument, instrument.analyze, instrument.cli; instrument.cli._build_parser(); "
+        "print(','.join(m for m in ('rich', 'matplotlib', 'torch', 'ijson') if m in sys.modules))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
+    assert loaded == ""
+
+
+def test_a_long_run_is_drawn_as_the_mean_of_steps(report: Report, tmp_path: Path) -> None:
+    many = replace(report, stages=tuple(replace(s, step=step) for step in range(1, 16) for s in report.stages))
+    assert len(many.stages) > 40  # more rows than the heatmap shows one by one
+    assert many.write_png(tmp_path / "many.png").stat().st_size > 10_000
+    assert "15 steps" in many.render_text()
