@@ -22,9 +22,12 @@ from dataclasses import asdict, dataclass
 
 __all__ = [
     "CONTINUOUS_STAGE",
+    "ENGINE_TRACE",
+    "FRONTEND_TRACE",
     "LABEL_MAX_LEN",
     "TRACE_SUFFIX",
     "TraceName",
+    "engine_trace_prefix",
     "next_timestamp_ns",
     "parse_trace_name",
     "sanitize_label",
@@ -174,6 +177,32 @@ def trace_basename(
     _check_int("pid", pid, 0)
     _check_int("timestamp_ns", timestamp_ns, 0)
     return f"{prefix}_{host}_pid{pid}_{timestamp_ns}"
+
+
+def engine_trace_prefix(
+    *, role: str, step: int, replica: int, rank: int | None, world_size: int, frontend: bool = False
+) -> str:
+    """The prefix a relocated engine trace gets in front of its original name.
+
+    ``{role}_engine_step{S}_rank{g}-of-{W}_replica{r}_`` (``rank-unknown`` when the engine's name
+    carries no readable rank), or ``{role}_frontend_step{S}_replica{r}_`` for frontend traces.
+    :data:`ENGINE_TRACE` and :data:`FRONTEND_TRACE` read them back.
+    """
+    role = sanitize_label(role)
+    if frontend:
+        return f"{role}_frontend_step{step}_replica{replica}_"
+    who = f"rank{rank}" if rank is not None else "rank-unknown"
+    return f"{role}_engine_step{step}_{who}-of-{world_size}_replica{replica}_"
+
+
+ENGINE_TRACE = re.compile(
+    rf"(?P<role>{_LABEL})_engine_step(?P<step>\d+)_rank(?:(?P<rank>\d+)|-unknown)-of-(?P<world>\d+)"
+    r"_replica(?P<replica>\d+)_(?P<orig>.+)\Z"
+)
+"""A relocated engine trace name: groups role, step, rank (``None`` if unknown), world, replica, orig."""
+
+FRONTEND_TRACE = re.compile(rf"(?P<role>{_LABEL})_frontend_step(?P<step>\d+)_replica(?P<replica>\d+)_(?P<orig>.+)\Z")
+"""A relocated frontend trace name: groups role, step, replica, orig."""
 
 
 def parse_trace_name(name: str) -> TraceName | None:

@@ -63,12 +63,8 @@ _MINI_BATCH = re.compile(r"mini_batch(\d+)\Z")
 # A name that can be a stage range in a continuous trace: a label, not an op ("aten::mm") or a
 # profiler row ("ProfilerStep#3", "Optimizer.step#Adam.step").
 _STAGE_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.=+-]*\Z")
-_LABEL = r"[A-Za-z0-9=+-]+(?:\.[A-Za-z0-9=+-]+)*"
-_ENGINE = re.compile(
-    rf"(?P<role>{_LABEL})_engine_step(?P<step>\d+)_rank(?:(?P<rank>\d+)|-unknown)-of-(?P<world>\d+)"
-    r"_replica(?P<replica>\d+)_(?P<orig>.+)\Z"
-)
-_FRONTEND = re.compile(rf"(?P<role>{_LABEL})_frontend_step(?P<step>\d+)_replica(?P<replica>\d+)_(?P<orig>.+)\Z")
+_ENGINE = naming.ENGINE_TRACE
+_FRONTEND = naming.FRONTEND_TRACE
 _PREFIX_STEP = re.compile(r"(?:^|_)step(\d+)(?:_|$)")
 _GZIP_MAGIC = b"\x1f\x8b"
 _READ_CHUNK = 1 << 20

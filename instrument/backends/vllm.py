@@ -396,17 +396,6 @@ def _wait_quiet(paths: Iterable[Path], *, quiet_s: float, timeout_s: float) -> b
     return False
 
 
-def engine_trace_prefix(
-    *, role: str, step: int, replica: int, rank: int | None, world_size: int, frontend: bool
-) -> str:
-    """The prefix a relocated engine trace gets in front of its original name."""
-    role = naming.sanitize_label(role)
-    if frontend:
-        return f"{role}_frontend_step{step}_replica{replica}_"
-    who = f"rank{rank}-of-{world_size}" if rank is not None else f"rank-unknown-of-{world_size}"
-    return f"{role}_engine_step{step}_{who}_replica{replica}_"
-
-
 def relocate_engine_traces(
     source_dir: str | os.PathLike[str],
     *,
@@ -450,7 +439,7 @@ def relocate_engine_traces(
             result.dropped.append(str(path))
             continue
         name = (
-            engine_trace_prefix(
+            naming.engine_trace_prefix(
                 role=role, step=step, replica=replica, rank=rank, world_size=world_size, frontend=frontend
             )
             + path.name
