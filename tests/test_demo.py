@@ -9,7 +9,6 @@ import math
 import subprocess
 import sys
 import tarfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,13 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / DEFAULT_CONFIG
 STAGES = {"generate-sequences", "compute-log-prob", "compute-ref-log-prob", "compute-values"}
 UPDATES = {"update-actor", "update-critic"}
-
-
-@pytest.fixture(autouse=True)
-def _clean_instrument() -> Iterator[None]:
-    instrument.testing.reset()
-    yield
-    instrument.testing.reset()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ import json
 import math
 import tarfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +16,6 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 pytest.importorskip("yaml")
 
-import instrument.testing  # noqa: E402
 from instrument import _demo_ray  # noqa: E402
 from instrument._demo import ARCHIVE_NAME, DEFAULT_CONFIG, add_arguments  # noqa: E402
 from instrument._demo_ray import ACTOR_ROLLOUT_REF, CRITIC, WORLD_SIZE, RayDemoResult, run_ray_demo  # noqa: E402
@@ -33,13 +31,6 @@ STAGES = {
     "critic": {"compute-values", "update-critic"},
 }
 UPDATES = {"update-actor", "update-critic"}
-
-
-@pytest.fixture(autouse=True)
-def _clean_instrument() -> Iterator[None]:
-    instrument.testing.reset()
-    yield
-    instrument.testing.reset()
 
 
 @pytest.fixture(scope="module")
