@@ -120,6 +120,8 @@ def _check_path(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> 
         raise TypeError(f"'{attribute.name}' must be a path: {value!r}")
     if not value.strip():
         raise ValueError(f"'{attribute.name}' must be a non-empty path: {value!r}")
+    if "\0" in value:  # the OS refuses it only at the first file written, after configure()
+        raise ValueError(f"'{attribute.name}' must be a path without NUL bytes: {value!r}")
 
 
 def _to_path(value: Any) -> Any:
@@ -131,6 +133,8 @@ def _check_command(_instance: Any, attribute: attrs.Attribute[Any], value: Any) 
         raise TypeError(f"'{attribute.name}' must be a shell command string: {value!r}")
     if not value.strip():
         raise ValueError(f"'{attribute.name}' must be a non-empty shell command: {value!r}")
+    if "\0" in value:  # exec refuses it only when the hook runs, after the last step
+        raise ValueError(f"'{attribute.name}' must be a shell command without NUL bytes: {value!r}")
 
 
 def _check_timeout(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
@@ -290,18 +294,27 @@ class ProfilerConfig:
     # ----------------------------------------------------------------- building
 
     @classmethod
-    def from_dict(cls, mapping: Mapping[str, Any]) -> ProfilerConfig:
-        """Build from a nested mapping (or dotted keys); verl's key names are accepted too."""
+    def from_dict(cls, mapping: Mapping[str, Any], *, role: str | None = None) -> ProfilerConfig:
+        """Build from a nested mapping (or dotted keys); verl's key names are accepted too.
+
+        ``role`` (``actor``, ``rollout``, ``ref``, ``critic`` or a fused ``actor_rollout[_ref]``)
+        builds that role's view of verl's role sections; without it, the sections given are
+        combined with :meth:`union` (``docs/config.md``).
+        """
         if not isinstance(mapping, Mapping):
             raise TypeError(f"configuration must be a mapping: {mapping!r}")
-        return cls._from_flat(list(_flatten(mapping)))
+        return cls._from_flat(list(_flatten(mapping)), role)
 
     @classmethod
-    def from_overrides(cls, overrides: Iterable[str], base: Mapping[str, Any] | None = None) -> ProfilerConfig:
-        """Build from ``"dotted.key=value"`` strings, applied in order over ``base``.
+    def from_overrides(
+        cls, overrides: Iterable[str], base: Mapping[str, Any] | None = None, *, role: str | None = None
+    ) -> ProfilerConfig:
+        """Build from ``"dotted.key=value"`` strings set over ``base``; ``role`` as in :meth:`from_dict`.
 
-        Values read as YAML-ish scalars and flat lists (``steps=[1,2]``, ``discrete=false``);
-        string fields such as ``finish_hook.cmd`` keep the text as written.
+        An override replaces the same key of ``base`` (and anything below it); then all keys are
+        resolved together, so distinct keys mean the same in any order. Values read as YAML-ish
+        scalars and flat lists (``steps=[1,2]``, ``discrete=false``); string fields such as
+        ``finish_hook.cmd`` keep the text as written.
         """
         if isinstance(overrides, str):
             raise TypeError(f"overrides must be a list of 'key=value' strings, not one string: {overrides!r}")
@@ -312,15 +325,21 @@ class ProfilerConfig:
             if not sep or not key:
                 raise ValueError(f"override must look like 'key=value': {override!r}")
             _check_key(key)
-            items.append((key, _string_value(text) if key in _STRING_KEYS else parse_value(text)))
-        return cls._from_flat(items)
+            string = key in _STRING_KEYS or _verl.is_string_key(key)
+            items.append((key, _string_value(text) if string else parse_value(text)))
+        return cls._from_flat(items, role)
 
     @classmethod
-    def _from_flat(cls, items: list[tuple[str, Any]]) -> ProfilerConfig:
-        for key, _value in items:
-            _check_key(key)
+    def _from_flat(cls, items: list[tuple[str, Any]], role: str | None = None) -> ProfilerConfig:
+        for key, value in items:
+            if not _verl.skippable(key, value):
+                _check_key(key)
+        return _verl.combine([(label, cls._from_items(view)) for label, view in _verl.views(items, role)])
+
+    @classmethod
+    def _from_items(cls, items: list[tuple[str, Any]]) -> ProfilerConfig:
         top: dict[str, Any] = {}
-        for key, value in _verl.translate(items):
+        for key, value in items:
             head, _, tail = key.partition(".")
             if tail:
                 nested = top.get(head)
@@ -475,18 +494,7 @@ def _valid_keys() -> list[str]:
 _KEYS = _valid_keys()
 # Override values for these keys are taken as written ("tool=none" is the tool, a command may hold
 # brackets and commas); only a bare null is null.
-_STRING_KEYS = frozenset(
-    {
-        "tool",
-        "save_path",
-        "finish_hook.cmd",
-        "finish_hook_cmd",
-        "profiler.finish_hook_cmd",
-        "global_profiler.finish_hook_cmd",
-        "profiler.save_path",
-        "global_profiler.save_path",
-    }
-)
+_STRING_KEYS = frozenset({"tool", "save_path", "finish_hook.cmd"})  # and their verl spellings
 
 
 def _unknown_key(key: str, candidates: Sequence[str]) -> str:
@@ -496,7 +504,11 @@ def _unknown_key(key: str, candidates: Sequence[str]) -> str:
 
 
 def _check_key(key: str) -> None:
-    if key not in _KEYS and not _verl.is_verl_key(key):
+    if key not in _KEYS and not _verl.is_verl_key(key) and not _verl.is_meta(key):
+        # A typo in a role path is matched against that path's keys; the listing stays short.
+        close = difflib.get_close_matches(key, [*_KEYS, *_verl.SPELLINGS], n=1, cutoff=0.6)
+        if close:
+            raise ValueError(f"unknown configuration key {key!r}; did you mean {close[0]!r}?")
         raise ValueError(_unknown_key(key, _KEYS + [f"global_profiler.{k}" for k in _verl.VERL_KEYS]))
 
 

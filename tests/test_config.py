@@ -362,14 +362,18 @@ def test_verl_settings_move_over_unchanged() -> None:
         (["profiler.all_ranks=true"], "all_ranks", True),
         (["tool_config.torch.contents=[]"], "contents", ("cpu", "cuda")),
         (["tool_config.torch.contents=[stack]"], "contents", ("stack",)),
-        (["tool_config.nsys.discrete=false"], "discrete", False),
+        (["global_profiler.tool=nsys", "tool_config.nsys.discrete=false"], "discrete", False),
+        (["global_profiler.tool=nsys", "global_tool_config.nsys.discrete=false"], "discrete", False),
+        # only the selected tool's settings apply
+        (["tool_config.nsys.discrete=false"], "discrete", True),
         (["global_profiler.relocate_results=false"], "relocate_results", False),
         (["tool_config.torch.schedule.active=0", "tool_config.torch.schedule.wait=3"], "schedule", None),
         (["tool_config.torch.schedule.active=2"], "schedule", Schedule(active=2)),
         (
+            # verl's end is exclusive, token_window's last inclusive
             ["tool_config.torch.profile_token_start=4", "tool_config.torch.profile_token_end=20"],
             "token_window",
-            (4, 20),
+            (4, 19),
         ),
         (
             ["tool_config.torch.profile_token_start=null", "tool_config.torch.profile_token_end=null"],
