@@ -1,7 +1,8 @@
 """``instrument rollout start|stop|status``: fan a profiler call out to every vLLM server behind a router.
 
 Workers come from a router's ``/workers`` (or repeated ``--worker-url``); each is called with
-bounded concurrency and its own timeout; one dead or misconfigured worker never stops the others.
+bounded concurrency and its own overall deadline (:mod:`instrument._http`); one dead, slow or
+broken worker never stops the others and always becomes a row of the table, never a traceback.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from instrument.backends.vllm import EngineProfilerError, HttpEngineDriver, check_http_url, http_request
+from instrument._http import HttpError, check_http_url, check_timeout
+from instrument._http import request as http_request
+from instrument.backends.vllm import EngineProfilerError, HttpEngineDriver
 
 __all__ = ["WorkerOutcome", "fan_out", "list_router_workers", "render_table"]
 
@@ -59,17 +62,19 @@ def list_router_workers(router_url: str, *, timeout_s: float = 10.0) -> list[tup
     """The router's workers as ``(url, healthy)``; ``ValueError`` with a clear message on any problem.
 
     Reads ``GET /workers`` (vLLM's router and SGLang's gateway: ``{"workers": [{"url", "is_healthy"}]}``),
-    falling back to ``GET /list_workers`` (``{"urls": [...]}``, no health).
+    falling back to ``GET /list_workers`` (``{"urls": [...]}``, no health). Each request has
+    ``timeout_s`` overall.
     """
     base = check_http_url(router_url)
+    check_timeout(timeout_s)
     route = "/workers"
     try:
         status, body = http_request(f"{base}{route}", timeout_s=timeout_s)
         if status == 404:  # older routers list URLs only
             route = "/list_workers"
             status, body = http_request(f"{base}{route}", timeout_s=timeout_s)
-    except OSError as exc:
-        raise ValueError(f"cannot reach the router at {base}: {exc}") from exc
+    except HttpError as exc:  # its message names the request and what went wrong
+        raise ValueError(f"router: {exc}") from None
     if status != 200:
         raise ValueError(f"{base}{route} answered {status}")
     try:
@@ -100,10 +105,12 @@ def _act(action: str, url: str, prefix: str | None, timeout_s: float, stop_timeo
             detail = "profiling routes present" if has_routes else "no profiling routes (started without a profiler)"
             return WorkerOutcome(url, has_routes, detail, time.monotonic() - started)
         return WorkerOutcome(url, True, detail, time.monotonic() - started)
-    except (EngineProfilerError, ValueError) as exc:
+    except (EngineProfilerError, HttpError, ValueError) as exc:
         return WorkerOutcome(url, False, str(exc), time.monotonic() - started)
     except OSError as exc:
         return WorkerOutcome(url, False, f"unreachable: {exc}", time.monotonic() - started)
+    except Exception as exc:  # a row, never a traceback that loses every other worker's row
+        return WorkerOutcome(url, False, f"{type(exc).__name__}: {exc}", time.monotonic() - started)
 
 
 def fan_out(
@@ -115,11 +122,20 @@ def fan_out(
     timeout_s: float = 10.0,
     stop_timeout_s: float = 600.0,
 ) -> list[WorkerOutcome]:
-    """Run ``action`` on every worker, at most ``concurrency`` at a time; outcomes in input order."""
+    """Run ``action`` on every worker, at most ``concurrency`` at a time; outcomes in input order.
+
+    Each call ends by its deadline (``timeout_s``; ``stop_timeout_s`` for ``stop``), so the whole
+    run ends by about ``ceil(len(urls) / concurrency)`` deadlines. A start that meets a running
+    profiler (409) stops it and starts again: up to ``2 * timeout_s + stop_timeout_s``.
+    """
     if action not in ACTIONS:
         raise ValueError(f"'action' must be one of {', '.join(ACTIONS)}: {action!r}")
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+        raise TypeError(f"'concurrency' must be an int >= 1: {concurrency!r}")
     if concurrency < 1:
         raise ValueError(f"'concurrency' must be >= 1: {concurrency}")
+    check_timeout(timeout_s, "timeout_s")
+    check_timeout(stop_timeout_s, "stop_timeout_s")
     with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(urls)))) as pool:
         return list(pool.map(lambda url: _act(action, url, prefix, timeout_s, stop_timeout_s), urls))
 

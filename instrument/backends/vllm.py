@@ -26,9 +26,6 @@ import logging
 import os
 import re
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +33,8 @@ from typing import Any
 
 from instrument import naming, ranks
 from instrument._finish import move_into
+from instrument._http import check_http_url, check_timeout
+from instrument._http import request as http_request
 from instrument._manifest import Manifest, TraceRecord
 from instrument.config import ProfilerConfig
 
@@ -238,44 +237,19 @@ class EngineProfilerError(RuntimeError):
     """An engine profiler call failed; the message says what to do about it."""
 
 
-class _NoRedirects(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, req: Any, fp: Any, code: int, msg: str, headers: Any, newurl: str) -> None:
-        raise urllib.error.HTTPError(req.full_url, code, f"redirect to {newurl} refused", headers, fp)
-
-
-_OPENER = urllib.request.build_opener(_NoRedirects)
-
-
-def check_http_url(url: str) -> str:
-    """``url`` without a trailing slash, or ``ValueError`` for anything but http(s)://host[:port]."""
-    parsed = urllib.parse.urlparse(url)
-    if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise ValueError(f"engine URL must be http(s)://host:port: {url!r}")
-    return url.rstrip("/")
-
-
-def http_request(url: str, *, method: str = "GET", body: Any = None, timeout_s: float = 10.0) -> tuple[int, bytes]:
-    """One HTTP request without redirects: ``(status, body)``; ``OSError`` when the peer is unreachable."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method)
-    if data is not None:
-        request.add_header("Content-Type", "application/json")
-    try:
-        with _OPENER.open(request, timeout=timeout_s) as response:
-            return int(response.status), response.read()
-    except urllib.error.HTTPError as exc:
-        return int(exc.code), exc.read() if exc.fp is not None else b""
-
-
 class HttpEngineDriver:
-    """Start and stop one vLLM server's profiler over HTTP (``/start_profile``, ``/stop_profile``)."""
+    """Start and stop one vLLM server's profiler over HTTP (``/start_profile``, ``/stop_profile``).
+
+    Every call is one exchange with an overall deadline (``timeout_s``; ``stop_timeout_s`` for the
+    flush): a peer that answers slowly, byte by byte, or not at all costs at most that long. Failures
+    raise :class:`EngineProfilerError` (a bad answer) or ``OSError`` (no complete answer: timed out,
+    unreachable, not HTTP, short body), each with a message naming the request.
+    """
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0, stop_timeout_s: float = 600.0) -> None:
         self.base_url = check_http_url(base_url)
-        if not timeout_s > 0 or not stop_timeout_s > 0:
-            raise ValueError(f"timeouts must be > 0: timeout_s={timeout_s!r}, stop_timeout_s={stop_timeout_s!r}")
-        self.timeout_s = timeout_s
-        self.stop_timeout_s = stop_timeout_s
+        self.timeout_s = check_timeout(timeout_s, "timeout_s")
+        self.stop_timeout_s = check_timeout(stop_timeout_s, "stop_timeout_s")
 
     def has_profiler_routes(self) -> bool:
         """Whether the server was started with a profiler (its OpenAPI lists ``/start_profile``)."""
@@ -451,7 +425,7 @@ def relocate_engine_traces(
             result.failed.append(str(path))
             continue
         record = TraceRecord(
-            path=str(moved),
+            path=moved.name,  # relative to save_path, like every manifest line
             role=role,
             stage="frontend" if frontend else "engine",
             step=step,
