@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from instrument import _demo
-from instrument._runplan import RunPlan, StageSpec, plan_run
+from instrument._runplan import RunPlan, StageSpec, count, int_runs, plan_run
 from instrument._version import __version__
 from instrument.config import ProfilerConfig
+from instrument.schedule import Window
 
 __all__ = ["load_config", "main"]
 
@@ -27,27 +30,135 @@ Exit status: 0 planned, 1 warnings with --strict, 2 bad configuration or argumen
 """
 
 
+# A profiler section is a few hundred bytes; these bounds keep a hostile or mistaken file
+# (a 10 GB log, a YAML alias bomb, a thousand-deep nesting) from costing more than a second.
+_MAX_CONFIG_BYTES = 256 * 1024
+_MAX_CONFIG_VALUES = 10_000
+_MAX_CONFIG_DEPTH = 32
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ProfilerConfig:
-    """Read a YAML or JSON configuration file (optional) and apply dotted overrides."""
+    """Read a YAML or JSON configuration file (optional) and apply dotted overrides.
+
+    Every problem is a ``ValueError`` (``TypeError`` for a wrong type from the configuration's
+    own checks) with a one-line message; problems of the file name the file, and parse errors
+    the line and column.
+    """
     base: dict[str, Any] = {}
     if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
-        if str(path).endswith(".json"):
-            loaded = json.loads(text)
-        else:
-            try:
-                import yaml
-            except ImportError as exc:  # pragma: no cover - yaml ships with the dev extra
-                raise ValueError(
-                    f"reading {path} needs PyYAML (pip install 'instrument[yaml]') or a .json file"
-                ) from exc
-            loaded = yaml.safe_load(text)
-        if loaded is None:
-            loaded = {}
-        if not isinstance(loaded, dict):
-            raise ValueError(f"{path}: the configuration must be a mapping at the top level")
-        base = loaded
-    return ProfilerConfig.from_overrides(list(overrides), base=base)
+        base = _read_config(path)
+    try:
+        return ProfilerConfig.from_overrides(list(overrides), base=base)
+    except (ValueError, TypeError) as exc:
+        if path is None or not overrides:
+            raise _one_line(exc, _shown(path) if path is not None else None) from None
+        try:  # blame the file only when it is wrong on its own, with the same complaint
+            ProfilerConfig.from_overrides([], base=base)
+        except (ValueError, TypeError) as alone:
+            if str(alone) == str(exc):
+                raise _one_line(exc, _shown(path)) from None
+        raise _one_line(exc, None) from None
+
+
+def _shown(path: str | Path) -> str:
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def _one_line(exc: Exception, where: str | None) -> Exception:
+    """The same kind of error, on one line of at most ~500 characters, prefixed with the file."""
+    text = " ".join(str(exc).split())
+    if len(text) > 500:
+        text = text[:480] + " ... (cut)"
+    kind = TypeError if isinstance(exc, TypeError) else ValueError
+    return kind(f"{where}: {text}" if where else text)
+
+
+def _read_config(path: str | Path) -> dict[str, Any]:
+    shown = _shown(path)
+    text = _read_config_text(path, shown)
+    try:
+        loaded = _parse_json(text, shown) if str(path).endswith(".json") else _parse_yaml(text, shown)
+    except RecursionError:
+        raise ValueError(f"{shown}: the configuration is nested too deeply") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{shown}: the configuration must be a mapping at the top level")
+    _check_shape(loaded, shown)
+    return loaded
+
+
+def _read_config_text(path: str | Path, shown: str) -> str:
+    """The file's text; only a regular file is read (a FIFO or /dev/zero would block or never end)."""
+    try:
+        # O_NONBLOCK: opening a FIFO without a writer returns at once instead of waiting.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise ValueError(f"cannot read configuration {shown}: {exc.strerror or exc}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+            raise ValueError(f"cannot read configuration {shown}: it is {kind}")
+        with os.fdopen(fd, "rb", closefd=False) as stream:
+            data = stream.read(_MAX_CONFIG_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read configuration {shown}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if len(data) > _MAX_CONFIG_BYTES:
+        raise ValueError(f"{shown}: larger than {_MAX_CONFIG_BYTES // 1024} KiB; is it really a configuration?")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise ValueError(f"{shown}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line})") from None
+
+
+def _parse_json(text: str, shown: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+
+
+def _parse_yaml(text: str, shown: str) -> Any:
+    try:
+        import yaml
+    except ImportError as exc:  # pragma: no cover - yaml ships with the dev extra
+        raise ValueError(f"reading {shown} needs PyYAML (pip install 'instrument[yaml]') or a .json file") from exc
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 5x faster on big files
+    try:
+        return yaml.load(text, Loader=loader)  # a safe loader: plain data only
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(exc.problem or exc.context or "unreadable").split())
+        context = f" ({exc.context})" if exc.context and exc.problem else ""
+        raise ValueError(f"{shown}: invalid YAML{where}: {what}{context}") from None
+    except yaml.YAMLError as exc:  # ReaderError: a character YAML does not allow
+        position = getattr(exc, "position", None)
+        where = f" at line {text.count(chr(10), 0, position) + 1}" if isinstance(position, int) else ""
+        what = " ".join(str(getattr(exc, "reason", "") or exc).split()[:12])
+        raise ValueError(f"{shown}: invalid YAML{where}: {what}") from None
+
+
+def _check_shape(loaded: dict[str, Any], shown: str) -> None:
+    """Bound the values (aliases counted at every use) and the depth before anything walks the tree."""
+    pending: list[tuple[Any, int]] = [(loaded, 1)]
+    seen = 0
+    while pending:
+        value, depth = pending.pop()
+        seen += 1
+        if seen > _MAX_CONFIG_VALUES:
+            raise ValueError(f"{shown}: more than {_MAX_CONFIG_VALUES} values (YAML aliases count at every use)")
+        if depth > _MAX_CONFIG_DEPTH:
+            raise ValueError(f"{shown}: nested deeper than {_MAX_CONFIG_DEPTH} levels")
+        if isinstance(value, dict):
+            pending.extend((item, depth + 1) for item in value.values())
+        elif isinstance(value, (list, tuple, set)):
+            pending.extend((item, depth + 1) for item in value)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -120,7 +231,25 @@ def _build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# --json lists at most this many steps, ranks, windows and files; the counts and the
+# ``*_ranges`` fields always describe everything, and ``truncated`` names the lists cut short.
+_JSON_LIST_LIMIT = 10_000
+# The text lists every window and file up to this many, else the first few and "... N more".
+_TEXT_LIST_LIMIT = 12
+_TEXT_SHOWN = 10
+_TEXT_RUNS = 24
+
+
 def _plan_json(run: RunPlan) -> dict[str, Any]:
+    limit = _JSON_LIST_LIMIT
+    lists: dict[str, Sequence[Any]] = {
+        "steps": run.steps,
+        "ranks": run.ranks,
+        "windows": run.windows,
+        "finish_hook_ranks": run.finish_ranks,
+        "files": run.traces,
+    }
+    truncated = [name for name, values in lists.items() if count(values) > limit]
     return {
         "config": run.config.to_dict(),
         "role": run.role,
@@ -128,28 +257,48 @@ def _plan_json(run: RunPlan) -> dict[str, Any]:
         "world_size": run.world_size,
         "num_mini_batches": run.num_mini_batches,
         "stages": [{"name": s.name, "scheduled": s.scheduled} for s in run.stages],
-        "steps": list(run.steps),
-        "ranks": list(run.ranks),
-        "windows": [{"first": w.first, "last": w.last, "partial": w.partial} for w in run.windows],
-        "finish_hook_ranks": list(run.finish_ranks),
-        "files": [t.pattern for t in run.traces],
+        "steps": list(run.steps[:limit]),
+        "ranks": list(run.ranks[:limit]),
+        "windows": [{"first": w.first, "last": w.last, "partial": w.partial} for w in run.windows[:limit]],
+        "finish_hook_ranks": list(run.finish_ranks[:limit]),
+        "files": [t.pattern for t in run.traces[:limit]],
         "warnings": list(run.warnings),
+        "step_ranges": [list(r) for r in int_runs(run.steps)],
+        "rank_ranges": [list(r) for r in int_runs(run.ranks)],
+        "finish_hook_rank_ranges": [list(r) for r in int_runs(run.finish_ranks)],
+        "counts": {
+            "steps": count(run.steps),
+            "ranks": count(run.ranks),
+            "windows": run.windows.total,
+            "files": run.traces.total,
+            "files_per_rank": run.traces.per_rank,
+        },
+        "truncated": truncated,
     }
 
 
 def _ranges(values: Sequence[int]) -> str:
-    """``0,1,2,5`` -> ``0-2, 5``."""
-    if not values:
+    """``0,1,2,5`` -> ``0-2, 5``; a ``range`` at O(1) cost; past 24 runs the first 20 and a count."""
+    runs = int_runs(values)
+    if not runs:
         return "none"
-    parts, start, prev = [], values[0], values[0]
-    for value in [*values[1:], None]:
-        if value is not None and value == prev + 1:
-            prev = value
-            continue
-        parts.append(str(start) if start == prev else f"{start}-{prev}")
-        if value is not None:
-            start = prev = value
-    return ", ".join(parts)
+    shown = runs if len(runs) <= _TEXT_RUNS else runs[: _TEXT_RUNS - 4]
+    text = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in shown)
+    return text if len(shown) == len(runs) else f"{text}, ... and {len(runs) - len(shown)} more runs"
+
+
+def _windows_text(run: RunPlan) -> str:
+    def name(w: Window) -> str:
+        return f"mb{w.first}" + (f"-{w.last}" if w.last != w.first else "") + (" (partial)" if w.partial else "")
+
+    windows = run.windows
+    if windows.total <= _TEXT_LIST_LIMIT:
+        return ", ".join(name(w) for w in windows) or "nothing recorded"
+    every = f"one every {windows.cycle} mini-batch" + ("es" if windows.cycle != 1 else "")
+    return (
+        ", ".join(name(w) for w in windows[:_TEXT_SHOWN])
+        + f", ... and {windows.total - _TEXT_SHOWN} more ({every}, the last {name(windows[-1])})"
+    )
 
 
 def _plan_text(run: RunPlan) -> str:
@@ -158,33 +307,30 @@ def _plan_text(run: RunPlan) -> str:
     lines = [
         f"tool {cfg.tool}, {mode}, contents {', '.join(cfg.contents) or 'cpu'}, save_path {cfg.save_path}",
         f"steps    {_ranges(run.steps)} of 1-{run.num_steps}",
-        f"ranks    {_ranges(run.ranks)} of {run.world_size} ({len(run.ranks)} profiled)",
+        f"ranks    {_ranges(run.ranks)} of {run.world_size} ({count(run.ranks)} profiled)",
         f"role     {run.role}",
     ]
     for stage in run.stages:
         if stage.scheduled and cfg.schedule is not None and cfg.discrete:
-            windows = ", ".join(
-                f"mb{w.first}" + (f"-{w.last}" if w.last != w.first else "") + (" (partial)" if w.partial else "")
-                for w in run.windows
-            )
             lines.append(
-                f"stage    {stage.name}: scheduled over {run.num_mini_batches} mini-batches -> "
-                f"{windows or 'nothing recorded'}"
+                f"stage    {stage.name}: scheduled over {run.num_mini_batches} mini-batches -> {_windows_text(run)}"
             )
         else:
             lines.append(f"stage    {stage.name}: recorded whole" + (" (scheduled)" if stage.scheduled else ""))
     if cfg.finish_hook is not None:
         hook = cfg.finish_hook
-        when = f"after step {max(run.steps)}" if run.steps else "at the end of the run"
+        when = f"after step {run.steps[-1]}" if run.steps else "at the end of the run"  # steps are sorted
         lines.append(
             f"finish   {hook.cmd!r} on ranks {_ranges(run.finish_ranks)}, {when}, timeout {hook.timeout_s:g} s"
         )
-    per_rank = len(run.traces) // len(run.ranks) if run.ranks else 0
-    lines.append(f"files    {len(run.traces)} traces ({per_rank} per profiled rank) in {cfg.save_path}/:")
-    shown = run.traces if len(run.traces) <= 12 else run.traces[:10]
+    traces = run.traces
+    per_rank = traces.per_rank if run.ranks else 0
+    lines.append(f"files    {traces.total} traces ({per_rank} per profiled rank) in {cfg.save_path}/:")
+    shown = traces[:] if traces.total <= _TEXT_LIST_LIMIT else traces[:_TEXT_SHOWN]
     lines.extend(f"  {t.pattern}" for t in shown)
-    if len(shown) < len(run.traces):
-        lines.append(f"  ... and {len(run.traces) - len(shown)} more (--json lists all)")
+    if len(shown) < traces.total:
+        listed = "all" if traces.total <= _JSON_LIST_LIMIT else f"the first {_JSON_LIST_LIMIT}"
+        lines.append(f"  ... and {traces.total - len(shown)} more (--json lists {listed})")
     lines.extend(f"warning: {note}" for note in run.warnings)
     return "\n".join(lines)
 

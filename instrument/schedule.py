@@ -5,16 +5,29 @@ step number during mini-batch ``i`` is ``i``.  :func:`action_at` answers what
 ``torch.profiler.schedule`` would answer for that step, :func:`window_of` says
 which recorded window a step belongs to, and :func:`plan` lists the windows a
 stage with ``num_mini_batches`` mini-batches really saves, the last one marked
-``partial`` when the loop ends inside it.
+``partial`` when the loop ends inside it.  :func:`window_series` answers the same
+by arithmetic, as a lazy sequence, for loops too long to list.
 """
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, overload
 
-__all__ = ["Action", "ScheduleLike", "Window", "action_at", "first_recorded", "plan", "recorded", "window_of"]
+__all__ = [
+    "Action",
+    "ScheduleLike",
+    "Window",
+    "WindowSeries",
+    "action_at",
+    "first_recorded",
+    "plan",
+    "recorded",
+    "window_of",
+    "window_series",
+]
 
 
 class Action(enum.Enum):
@@ -112,6 +125,67 @@ def window_of(step_num: int, schedule: ScheduleLike) -> tuple[int, int]:
 def first_recorded(schedule: ScheduleLike) -> int:
     """The first mini-batch the schedule records (if the loop is long enough)."""
     return schedule.skip_first + (0 if schedule.skip_first_wait else schedule.wait) + schedule.warmup
+
+
+@dataclass(frozen=True)
+class WindowSeries(Sequence[Window]):
+    """The windows of :func:`plan` without listing them: window ``k`` starts at ``start + k * cycle``.
+
+    Indexing and ``total`` cost O(1) however long the loop, so a plan over 10**8
+    mini-batches with ``repeat=0`` stays cheap; ``len()`` works while ``total``
+    fits a machine integer.
+    """
+
+    start: int
+    cycle: int
+    active: int
+    end: int
+    total: int
+
+    def _at(self, k: int) -> Window:
+        first = self.start + k * self.cycle
+        last = first + self.active - 1
+        return Window(first, last) if last < self.end else Window(first, self.end - 1, partial=True)
+
+    @overload
+    def __getitem__(self, index: int) -> Window: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[Window]: ...
+    def __getitem__(self, index: int | slice) -> Window | list[Window]:
+        positions = range(self.total)  # a range does the index arithmetic, big ints included
+        if isinstance(index, slice):
+            return [self._at(k) for k in positions[index]]
+        return self._at(positions[index])
+
+    def __len__(self) -> int:
+        return self.total
+
+    def __bool__(self) -> bool:
+        return self.total > 0
+
+    def __iter__(self) -> Iterator[Window]:
+        return (self._at(k) for k in range(self.total))
+
+
+def window_series(num_mini_batches: int, schedule: ScheduleLike) -> WindowSeries:
+    """The windows a stage of ``num_mini_batches`` mini-batches saves, computed, not enumerated.
+
+    Equal, item by item, to :func:`plan`: every cycle records ``active`` mini-batches
+    starting ``first_recorded`` + a whole number of cycles, up to ``repeat`` cycles
+    (``0``: unbounded) and as far as the loop goes; the last window is ``partial``
+    when the loop ends inside it.
+    """
+    if isinstance(num_mini_batches, bool) or not isinstance(num_mini_batches, int):
+        raise TypeError(f"'num_mini_batches' must be an int: {num_mini_batches!r}")
+    if num_mini_batches < 0:
+        raise ValueError(f"'num_mini_batches' must be >= 0: {num_mini_batches}")
+    cycle = schedule.wait + schedule.warmup + schedule.active
+    start = first_recorded(schedule)
+    # Windows start at start, start + cycle, ...: those starting before the loop ends are saved.
+    total = 0 if num_mini_batches <= start else (num_mini_batches - start - 1) // cycle + 1
+    if schedule.repeat > 0:
+        total = min(total, schedule.repeat)
+    return WindowSeries(start=start, cycle=cycle, active=schedule.active, end=num_mini_batches, total=total)
 
 
 def plan(num_mini_batches: int, schedule: ScheduleLike) -> list[Window]:
