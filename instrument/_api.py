@@ -10,6 +10,7 @@ import functools
 import inspect
 import time
 from collections.abc import Callable
+from contextvars import ContextVar
 from types import TracebackType
 from typing import Any, TypeVar, overload
 
@@ -20,6 +21,9 @@ from instrument.config import ProfilerConfig
 __all__ = ["configure", "finish", "profile_step", "profile_window", "profiled_stage"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+_WITH_ENTRIES: ContextVar[tuple[tuple[Any, Any], ...]] = ContextVar("instrument_with_stages", default=())
+"""``profiled_stage`` objects entered as ``with`` blocks in this context, innermost last."""
 
 
 def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, world_size: int | None = None) -> Session:
@@ -47,7 +51,7 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     Works on functions, methods, static and class methods and ``async def`` coroutines.
     """
 
-    __slots__ = ("_frames", "name", "scheduled")
+    __slots__ = ("name", "scheduled")
 
     def __init__(self, name: str, *, scheduled: bool = False) -> None:
         if callable(name):
@@ -57,12 +61,11 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
             )
         if not isinstance(name, str) or not name.strip():
             raise ValueError(f"'name' must be a non-empty stage name such as 'update_actor': {name!r}")
-        naming.sanitize_label(name)  # fails now, not at the first profiled step
+        naming.check_label("name", name)  # fails now, not at the first profiled step
         if not isinstance(scheduled, bool):
             raise TypeError(f"'scheduled' must be true or false: {scheduled!r}")
         self.name = name
         self.scheduled = scheduled
-        self._frames: list[Any] = []
 
     def __repr__(self) -> str:
         return f"profiled_stage({self.name!r}, scheduled={self.scheduled})"
@@ -72,16 +75,25 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     def __enter__(self) -> profiled_stage:
         session = STATE.session
         if not STATE.engaged or session is None:
-            self._frames.append(None)
-            return self
-        frame = session.enter_stage(self.name, self.scheduled) if STATE.recording else None
-        self._frames.append((frame, time.perf_counter()))
+            entry = None
+        else:
+            frame = session.enter_stage(self.name, self.scheduled) if STATE.recording else None
+            entry = (frame, time.perf_counter())
+        # One object may be entered by several threads or tasks at once: entries are context-local.
+        _WITH_ENTRIES.set((*_WITH_ENTRIES.get(), (self, entry)))
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        entry = self._frames.pop() if self._frames else None
+        entries = _WITH_ENTRIES.get()
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i][0] is self:
+                entry = entries[i][1]
+                _WITH_ENTRIES.set(entries[:i] + entries[i + 1 :])
+                break
+        else:
+            return
         session = STATE.session
         if entry is None or session is None:
             return

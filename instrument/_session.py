@@ -18,6 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -133,6 +134,7 @@ class _Frame:
         "mini_batches",
         "name",
         "scheduled",
+        "trace",
         "traced",
         "window_open",
         "windowed",
@@ -142,12 +144,17 @@ class _Frame:
         self.name = name
         self.scheduled = scheduled
         self.concurrent = concurrent
-        self.traced = False
+        self.traced = False  # this frame opened the trace (its owner)
+        self.trace = -1  # the trace (generation) this frame's range lies in; -1: none
         self.windowed = False
         self.close_range: Callable[[], None] | None = None
         self.mini_batches = 0
         self.window_open = False
         self.close_window: Callable[[], None] | None = None
+
+
+_STAGES: ContextVar[tuple[_Frame, ...]] = ContextVar("instrument_stages", default=())
+"""The open stages of this thread or asyncio task, innermost last (each context its own)."""
 
 
 class Session:
@@ -166,8 +173,18 @@ class Session:
         self.hook_ran = False
         self.auto_finish_hook = True  # False when a controller decides when and where the hook runs
         self.finished = False
-        self._frames: list[_Frame] = []
         self._backend: Backend | None = None
+        # One trace at a time per process (torch.profiler crashes when two threads drive it).
+        # The stage that opens a trace owns it; stages of other threads or tasks entered while it
+        # is open are ranges in it ("guests"). The trace stops when its owner and every guest have
+        # left (or at the end of the step), so no range of ours ever spans a stop and a restart.
+        self._trace = 0  # generation of the current (or next) trace
+        self._owner: _Frame | None = None
+        self._owner_left = False
+        self._guests = 0
+        self._stale = 0  # ranges still open from traces stopped under them: no new trace until they close
+        self._holder = 0  # thread holding self._lock (the SIGTERM handler must not re-enter from it)
+        self.terminate_pending = False
         self._backend_failed = False
         self._manifest = Manifest(config.save_path)
         self.failures = 0  # SDK failures this run absorbed (each kind warned about once)
@@ -191,6 +208,24 @@ class Session:
             except Exception as exc:
                 self._fail("cannot record stage metrics (is prometheus_client installed?)", exc)
         self._lock = threading.RLock()
+        self._finish_lock = threading.Lock()  # finish() once; never held while recording
+
+    # A reentrant lock that knows its holder: the SIGTERM handler runs on the main thread between
+    # two bytecodes, possibly inside one of our own backend calls; it must then defer, not re-enter.
+    def _acquire(self) -> int:
+        self._lock.acquire()
+        held, self._holder = self._holder, threading.get_ident()
+        return held
+
+    def _release(self, held: int) -> None:
+        self._holder = held
+        self._lock.release()
+        if self.terminate_pending and not held:
+            _terminate_now(self)
+
+    def holds_lock_in_this_thread(self) -> bool:
+        """Whether this thread is inside one of the session's guarded sections."""
+        return self._holder == threading.get_ident()
 
     def profiles(self, step: int) -> bool:
         """Whether this process records RL step ``step``."""
@@ -266,31 +301,33 @@ class Session:
 
     def begin_step(self, step: int) -> None:
         """Start RL step ``step``; profiling opens if the step and this rank are selected."""
-        with self._lock:
-            try:
-                if self.step is not None:
-                    logger.warning("instrument: step %d began while step %s was open; closing it", step, self.step)
-                    self.end_step()
-                self.step = step
-                self._step_started = time.perf_counter()
-                planned = self.profiles_rank and self.config.profiles_step(step)
-                self.step_triggered = not planned and self._triggered_now(step)
-                self.step_profiled = not self.finished and (planned or self.step_triggered)
-                if not self.step_profiled:
-                    return
-                backend = self._ensure_backend()
-                if backend is None:
-                    self.step_profiled = False
-                    return
-                self.profiled_steps.append(step)
-                if self.step_triggered:
-                    self.triggered_steps.append(step)
-                backend.on_step(self.role, step)
-                if not self.config.discrete:
-                    backend.start(self._spec(naming.CONTINUOUS_STAGE))
-                STATE.recording = STATE.engaged = True
-            except Exception as exc:
-                self._fail(f"could not start profiling step {step}", exc)
+        if self.step is not None:
+            logger.warning("instrument: step %d began while step %s was open; closing it", step, self.step)
+            self.end_step()
+        held = self._acquire()
+        try:
+            self.step = step
+            self._step_started = time.perf_counter()
+            planned = self.profiles_rank and self.config.profiles_step(step)
+            self.step_triggered = not planned and self._triggered_now(step)
+            self.step_profiled = not self.finished and (planned or self.step_triggered)
+            if not self.step_profiled:
+                return
+            backend = self._ensure_backend()
+            if backend is None:
+                self.step_profiled = False
+                return
+            self.profiled_steps.append(step)
+            if self.step_triggered:
+                self.triggered_steps.append(step)
+            backend.on_step(self.role, step)
+            if not self.config.discrete and self._may_start(naming.CONTINUOUS_STAGE):
+                backend.start(self._spec(naming.CONTINUOUS_STAGE))
+            STATE.recording = STATE.engaged = True
+        except Exception as exc:
+            self._fail(f"could not start profiling step {step}", exc)
+        finally:
+            self._release(held)
 
     def end_step(self, *, last: bool = False, failed: bool = False) -> None:
         """End the open step; after the last one (``last`` or the last configured step) run the finish hook.
@@ -298,26 +335,55 @@ class Session:
         ``failed``: the step is unwinding from an exception, so other ranks may never arrive;
         the hook then runs without waiting for them.
         """
-        with self._lock:
+        held = self._acquire()
+        try:
             step, self.step = self.step, None
             STATE.recording = False
             STATE.engaged = self.metrics is not None
             self._after_step(step, profiled=self.step_profiled)
-            try:
-                if self._backend is not None and self._backend.tracing and not self.config.discrete:
-                    self._backend.stop()
-            except Exception as exc:
-                self._fail(f"could not save the trace of step {step}", exc)
+            self._stop_trace(f"could not save the trace of step {step}")  # no trace outlives its step
             self.step_profiled = False
-            steps = self.config.steps
-            # With triggers a step nobody planned may still come: only `last` or finish() ends the run.
-            may_trigger = self.config.trigger is not None or self.config.on_demand
-            after_last = last or (not may_trigger and steps is not None and step is not None and step >= steps[-1])
-            if after_last and self.auto_finish_hook and self._hook_pending():
-                self.wait_for_exports()
-                if not failed:
-                    self._meet_peers()
-                self.run_finish_hook()
+        finally:
+            self._release(held)
+        steps = self.config.steps
+        # With triggers a step nobody planned may still come: only `last` or finish() ends the run.
+        may_trigger = self.config.trigger is not None or self.config.on_demand
+        after_last = last or (not may_trigger and steps is not None and step is not None and step >= steps[-1])
+        if after_last and self.auto_finish_hook and self._hook_pending():
+            self.wait_for_exports()
+            if not failed:
+                self._meet_peers()
+            self.run_finish_hook()
+
+    def _may_start(self, stage: str) -> bool:
+        """Whether a new trace may open (caller holds the lock): not while ranges of a stopped one are open."""
+        if self._stale == 0:
+            return True
+        self._fail(
+            "a trace did not start",
+            RuntimeError(
+                f"stage {stage!r} at step {self.step} is not traced: {self._stale} stage(s) of an earlier trace "
+                "are still running in other threads or tasks (a trace opens only when they have ended)"
+            ),
+        )
+        return False
+
+    def _stop_trace(self, what: str) -> None:
+        """Stop the open trace (caller holds the lock); guests still inside it become stale."""
+        backend, owner = self._backend, self._owner
+        self._trace += 1
+        self._stale += self._guests + (1 if owner is not None and not self._owner_left else 0)
+        self._owner, self._owner_left, self._guests = None, False, 0
+        if backend is None or not backend.tracing:
+            return
+        try:
+            backend.stop()
+            if self.metrics is not None:
+                self.metrics.windows.inc(backend.windows_saved)
+            if owner is not None and owner.windowed and backend.windows_saved == 0:
+                self._report_never_recorded(owner)
+        except Exception as exc:
+            self._fail(what, exc)
 
     def _hook_pending(self) -> bool:
         return not self.hook_ran and self.config.finish_hook is not None and self.config.active
@@ -419,38 +485,59 @@ class Session:
     def enter_stage(self, name: str, scheduled: bool, *, concurrent: bool = False) -> _Frame:
         """A stage begins inside a profiled step; ``concurrent`` for coroutines (ranges not per thread)."""
         frame = _Frame(name, scheduled, concurrent)
-        self._frames.append(frame)
+        _STAGES.set((*_STAGES.get(), frame))
         backend = self._backend
         if backend is None:
             return frame
+        held = self._acquire()
         try:
-            if self.config.discrete and not backend.tracing:
+            if backend.tracing:  # another stage's trace (or the step's): a range in it
+                self._guests += 1
+                frame.trace = self._trace
+            elif self.config.discrete and self.step_profiled and self._may_start(name):
                 windowed = scheduled and self.config.schedule is not None
                 backend.start(self._spec(name, self.config.schedule if windowed else None))
-                frame.traced, frame.windowed = True, windowed
-            if not frame.windowed or backend.stage_range_in_windows:
-                frame.close_range = backend.enter_range(name, concurrent=concurrent)
+                frame.traced, frame.windowed, frame.trace = True, windowed, self._trace
+                self._owner = frame
         except Exception as exc:
             self._fail(f"could not start stage {name!r}", exc)
+        finally:
+            self._release(held)
+        if frame.trace >= 0 and (not frame.windowed or backend.stage_range_in_windows):
+            try:
+                frame.close_range = backend.enter_range(name, concurrent=concurrent)
+            except Exception as exc:
+                self._fail(f"could not start stage {name!r}", exc)
         return frame
 
     def exit_stage(self, frame: _Frame) -> None:
         """The stage of ``frame`` ends (also when it raised)."""
-        if self._frames and self._frames[-1] is frame:
-            self._frames.pop()
-        elif frame in self._frames:
-            self._frames.remove(frame)
+        stack = _STAGES.get()
+        if stack and stack[-1] is frame:
+            _STAGES.set(stack[:-1])
+        elif frame in stack:
+            _STAGES.set(tuple(f for f in stack if f is not frame))
+        if frame.trace < 0:
+            return
         try:
             if frame.close_range is not None:
                 frame.close_range()
-            if frame.traced and self._backend is not None:
-                self._backend.stop()
-                if self.metrics is not None:
-                    self.metrics.windows.inc(self._backend.windows_saved)
-                if frame.windowed and self._backend.windows_saved == 0:
-                    self._report_never_recorded(frame)
         except Exception as exc:
-            self._fail(f"could not save the trace of stage {frame.name!r}", exc)
+            self._fail(f"could not close the range of stage {frame.name!r}", exc)
+        held = self._acquire()
+        try:
+            if frame.trace != self._trace:
+                self._stale -= 1  # its trace was stopped under it (end of step, SIGTERM, finish)
+            else:
+                if frame is self._owner:
+                    self._owner_left = True
+                else:
+                    self._guests -= 1
+                if self._owner_left and self._guests == 0:
+                    owner = self._owner.name if self._owner is not None else frame.name
+                    self._stop_trace(f"could not save the trace of stage {owner!r}")
+        finally:
+            self._release(held)
 
     def _report_never_recorded(self, frame: _Frame) -> None:
         if frame.name in self._never_recorded:
@@ -466,18 +553,18 @@ class Session:
         )
 
     def enter_window(self, mini_batch: int) -> tuple[_Frame | None, Callable[[], None] | None]:
-        """A mini-batch begins: record its range."""
-        frame = self._frames[-1] if self._frames else None
+        """A mini-batch begins in this context's innermost stage: record its range."""
+        stack = _STAGES.get()
+        frame = stack[-1] if stack else None
         backend = self._backend
-        if backend is None:
+        if backend is None or frame is None or frame.trace != self._trace:
             return frame, None
         close = None
         try:
-            close = backend.enter_range(f"mini_batch{mini_batch}", concurrent=frame is not None and frame.concurrent)
+            close = backend.enter_range(f"mini_batch{mini_batch}", concurrent=frame.concurrent)
         except Exception as exc:
             self._fail("could not record a mini-batch range", exc)
-        if frame is not None:
-            frame.window_open, frame.close_window = True, close
+        frame.window_open, frame.close_window = True, close
         return frame, close
 
     def exit_window(self, frame: _Frame | None, close_range: Callable[[], None] | None) -> None:
@@ -485,11 +572,17 @@ class Session:
         try:
             if close_range is not None:
                 close_range()
-            if frame is not None:
-                frame.window_open, frame.close_window = False, None
-                frame.mini_batches += 1
-                if frame.windowed and self._backend is not None:
-                    self._backend.window_step()
+            if frame is None:
+                return
+            frame.window_open, frame.close_window = False, None
+            frame.mini_batches += 1
+            if frame.windowed and frame is self._owner and self._backend is not None:
+                held = self._acquire()
+                try:
+                    if frame is self._owner:  # still its trace: not stopped under it meanwhile
+                        self._backend.window_step()
+                finally:
+                    self._release(held)
         except Exception as exc:
             self._fail("could not advance the mini-batch schedule", exc)
 
@@ -511,9 +604,10 @@ class Session:
     def run_finish_hook(self) -> None:
         """Run the finish command once, on the chosen ranks, after every trace is on disk."""
         hook = self.config.finish_hook
-        if self.hook_ran or hook is None or not self.config.active:
-            return
-        self.hook_ran = True
+        with self._lock:
+            if self.hook_ran or hook is None or not self.config.active:
+                return
+            self.hook_ran = True
         if not (hook.all_ranks or self.rank in hook.ranks):
             return
         self.wait_for_exports()
@@ -536,21 +630,33 @@ class Session:
 
     def flush(self) -> None:
         """Close whatever is open and wait for exports (a SIGTERM path: no finish hook)."""
-        with self._lock:
+        held = self._acquire()
+        try:
             STATE.recording = False
-            for frame in reversed(list(self._frames)):
-                if frame.window_open:  # interrupted inside a mini-batch: the trace holds it too
-                    self.exit_window(frame, frame.close_window)
-                self.exit_stage(frame)
+            owner = self._owner
+            if owner is not None and owner.window_open:  # interrupted inside a mini-batch: the trace holds it
+                self.exit_window(owner, owner.close_window)
+            self._stop_trace("could not flush traces")
             if self._backend is not None:
                 try:
                     self._add_records(self._backend.close())
                 except Exception as exc:
                     self._fail("could not flush traces", exc)
+        finally:
+            self._release(held)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: this run belongs to the parent. Never touch its profiler, exports,
+        manifest or finish hook from here (a stage the child is still inside ends as a no-op)."""
+        self._backend, self._backend_failed = None, True
+        self.finished = self.hook_ran = True
+        self.metrics = None
+        self._lock, self._finish_lock = threading.RLock(), threading.Lock()  # another thread may have held them
+        self._holder, self.terminate_pending = 0, False
 
     def finish(self, *, run_hook: bool = True) -> list[str]:
         """End the run: close everything, wait for exports, run the finish hook; idempotent."""
-        with self._lock:
+        with self._finish_lock:
             if not self.finished:
                 if self.step is not None:
                     self.end_step()
@@ -558,9 +664,10 @@ class Session:
                 if run_hook and self.auto_finish_hook:
                     self.run_finish_hook()
                 self.finished = True
+                self._manifest.close()
                 if STATE.session is self:
                     STATE.engaged = False
-            return [record.path for record in self.records]
+            return [os.path.join(self.config.save_path, record.path) for record in self.records]
 
 
 # ---------------------------------------------------------------------- process-wide wiring
@@ -571,15 +678,43 @@ _atexit_registered = False
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    session = STATE.session
-    if session is not None:
-        session.flush()
     previous = _previous_sigterm
     if callable(previous):
+        # The user's handler decides what SIGTERM means (often: set a flag, stop gracefully);
+        # traces are saved when the run ends (finish() or exit), never from inside a handler.
         previous(signum, frame)
-    elif previous in (signal.SIG_DFL, None):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if previous == signal.SIG_IGN:
+        return
+    session = STATE.session
+    if session is not None and session.holds_lock_in_this_thread():
+        # Interrupted inside one of our own profiler calls: stopping or exporting now could
+        # re-enter torch.profiler mid-call. The call ends the process when it returns.
+        session.terminate_pending = True
+        return
+    _terminate_now(session)
+
+
+def _terminate_now(session: Session | None) -> None:
+    """Save what is open, then die of SIGTERM as the default disposition would."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # more SIGTERMs while saving must not recurse
+    if session is not None:
+        session.terminate_pending = False
+        session.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _forget_parent_run() -> None:
+    """After ``fork()`` the child starts unconfigured: its own ``configure`` starts its own run."""
+    session = STATE.session
+    if session is not None:
+        session.forget_after_fork()
+    STATE.session = None
+    STATE.recording = STATE.engaged = False
+
+
+os.register_at_fork(after_in_child=_forget_parent_run)
 
 
 def _at_exit() -> None:
@@ -669,7 +804,7 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         raise TypeError(f"'config' must be a ProfilerConfig: {config!r}")
     if not isinstance(role, str) or not role.strip():
         raise ValueError(f"'role' must be a non-empty string such as 'actor': {role!r}")
-    naming.sanitize_label(role)
+    naming.check_label("role", role)
     if rank is None or world_size is None:
         detected_rank, detected_world, _source = detect_rank_and_world()
         rank = detected_rank if rank is None else rank

@@ -25,8 +25,10 @@ __all__ = [
     "ENGINE_TRACE",
     "FRONTEND_TRACE",
     "LABEL_MAX_LEN",
+    "SCRATCH_PREFIX",
     "TRACE_SUFFIX",
     "TraceName",
+    "check_label",
     "engine_trace_prefix",
     "next_timestamp_ns",
     "parse_trace_name",
@@ -38,6 +40,8 @@ __all__ = [
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 """Suffix of torch traces; TensorBoard and HTA look for it."""
+SCRATCH_PREFIX = ".instrument-tmp-"
+"""Each process's private folder in ``save_path`` for files not yet complete (never a trace)."""
 
 CONTINUOUS_STAGE = "continuous"
 """Stage label of the one trace per step that continuous mode writes."""
@@ -71,6 +75,30 @@ def sanitize_label(label: str) -> str:
     if not safe:
         raise ValueError(f"label has no character usable in a file name: {label!r}")
     return safe
+
+
+_NOT_IN_LABELS = re.compile(r'["\\\x00-\x1f\x7f]')
+
+
+def check_label(field: str, label: str) -> str:
+    """Validate a role or stage label given by the user; return its file-name form.
+
+    Labels also go verbatim into each trace's JSON metadata, which torch writes without
+    escaping (it even turns backslashes into slashes): quotes, backslashes and control
+    characters are refused here rather than corrupting every trace later.
+    """
+    if not isinstance(label, str):
+        raise TypeError(f"{field!r} must be a str such as 'actor' (got {label!r})")
+    bad = _NOT_IN_LABELS.search(label)
+    if bad is not None:
+        raise ValueError(
+            f"{field!r} must not contain quotes, backslashes or control characters "
+            f"(got {label!r}, with {bad.group()!r} at position {bad.start()})"
+        )
+    try:
+        return sanitize_label(label)
+    except ValueError:
+        raise ValueError(f"{field!r} needs a letter or digit to name files with (got {label!r})") from None
 
 
 def short_hostname() -> str:

@@ -138,9 +138,9 @@ def test_manifest_lists_every_file(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, steps=(1, 2), schedule=ins.Schedule(active=2))
     files = _run(cfg, steps=2, mini_batches=2)
     records = list(read_manifests(tmp_path))
-    assert sorted(r.path for r in records) == sorted(files)
+    assert sorted(str(tmp_path / r.path) for r in records) == sorted(files)
     for record in records:
-        assert record.bytes == os.path.getsize(record.path)
+        assert record.bytes == os.path.getsize(tmp_path / record.path)
         assert (record.role, record.rank, record.world, record.tool) == ("actor", 0, 1, "torch")
     assert {r.window for r in records} == {None, (0, 1)}
 

@@ -85,7 +85,7 @@ def test_tp1_step_is_profiled_and_its_traces_relocated(
     assert {r.path for r in read_manifests(save)} == {r.path for r in moved}
     assert not list((tmp_path / "vllm-prof" / "replica0").glob("*.pt.trace.json.gz"))  # all moved
     print(f"\n[tp1] ready {ready:.1f} s, stop+relocate {stop_s:.2f} s, total {time.monotonic() - started:.1f} s")
-    print(f"[tp1] {_sizes([r.path for r in moved])}")
+    print(f"[tp1] {_sizes([str(save / r.path) for r in moved])}")
 
 
 def test_tp2_keeps_only_the_selected_rank_of_the_replica(
@@ -113,7 +113,7 @@ def test_tp2_keeps_only_the_selected_rank_of_the_replica(
     assert {r.rank for r in moved if r.stage == "engine"} == {1}
     left = sorted(p.name for p in (tmp_path / "vllm-prof" / "replica0").glob("*rank0*"))
     assert any(n.endswith(".pt.trace.json.gz") for n in left), left  # the TP peer stayed where it was
-    print(f"\n[tp2] ready {ready:.1f} s, total {time.monotonic() - started:.1f} s; {_sizes([r.path for r in moved])}")
+    print(f"\n[tp2] ready {ready:.1f} s, total {time.monotonic() - started:.1f} s; {_sizes([str(save / r.path) for r in moved])}")
 
 
 class _Router(http.server.BaseHTTPRequestHandler):

@@ -129,7 +129,7 @@ def relocate_nsys_reports(
         )
         target = move_into(report, save_path, name)
         record = TraceRecord(
-            path=str(target),
+            path=target.name,  # relative to save_path, like every manifest line
             role=role,
             stage="nsys",
             step=0,

@@ -9,13 +9,14 @@ adds the manifest line.  :meth:`TorchBackend.flush` joins that work.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import gzip
 import json
 import logging
 import os
 import queue
-import shutil
+import tempfile
 import threading
 import warnings
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ import torch.profiler
 from instrument import naming
 from instrument._manifest import Manifest, TraceRecord
 from instrument.backends import TraceSpec
+from instrument.naming import SCRATCH_PREFIX, TRACE_SUFFIX
 from instrument.schedule import Action, action_at, window_of
 
 __all__ = ["TorchBackend"]
@@ -43,6 +45,19 @@ except ImportError:  # pragma: no cover - older or newer torch without it
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 _EXCLUSIVE_ATTEMPTS = 5
+_TAIL_BYTES = 1 << 16  # kineto ends a trace with `"traceName": "<path>" }`: the tail holds it whole
+
+
+def _all_threads_config() -> dict[str, Any]:
+    """Record every thread's ops, not only the starting thread's: stages entered by other threads
+    while a trace is open are ranges in it (torch >= 2.7 has ``profile_all_threads``)."""
+    try:
+        return {"experimental_config": torch._C._profiler._ExperimentalConfig(profile_all_threads=True)}
+    except (AttributeError, TypeError):  # pragma: no cover - older torch: the starting thread only
+        return {}
+
+
+_ALL_THREADS = _all_threads_config()
 
 
 class _Profile(torch.profiler.profile):
@@ -60,7 +75,7 @@ class _Profile(torch.profiler.profile):
             info = {"backend": "none", "rank": spec.rank, "world_size": spec.world_size}
             self.add_metadata_json("distributedInfo", json.dumps(info))
         meta = {"role": spec.role, "stage": spec.stage, "step": spec.step, "rank": spec.rank}
-        self.add_metadata_json("instrument", json.dumps(meta))
+        self.add_metadata_json("instrument", json.dumps(meta, ensure_ascii=False))  # kineto mangles backslashes
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,7 @@ class TorchBackend:
         self._worker: threading.Thread | None = None
         self._done: list[TraceRecord] = []
         self._done_lock = threading.Lock()
+        self._scratch_dirs: dict[str, Path] = {}
         self.windows_saved = 0
 
     # ------------------------------------------------------------------ tracing
@@ -122,6 +138,7 @@ class TorchBackend:
                 record_shapes="shapes" in spec.contents,
                 profile_memory="memory" in spec.contents,
                 with_stack="stack" in spec.contents,
+                **_ALL_THREADS,
             )
         self._spec = spec
         self._stopping = False
@@ -197,12 +214,23 @@ class TorchBackend:
                 return  # the loop ended where a window begins: nothing was recorded
             window = (first, last)
         basename = self._basename(spec, window, partial)
-        json_path = Path(spec.save_path) / f".{basename}.json.tmp"
+        json_path = self._scratch(spec.save_path) / f"{basename}.json"
         profile.export_chrome_trace(str(json_path))
         if not json_path.is_file():  # kineto logs a failed save instead of raising
             raise OSError(f"torch.profiler wrote no trace to {json_path}")
         self.windows_saved += 1
         self._submit(_Export(json_path, spec, window, partial))
+
+    def _scratch(self, save_path: str) -> Path:
+        """This process's private folder inside ``save_path`` for unfinished files.
+
+        Created with ``mkdtemp`` (mode 0700, unpredictable name): nobody can plant a symlink
+        where torch or we write, and a half-written file is never visible under a trace name.
+        """
+        scratch = self._scratch_dirs.get(save_path)
+        if scratch is None:
+            scratch = self._scratch_dirs[save_path] = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
+        return scratch
 
     @staticmethod
     def _basename(spec: TraceSpec, window: tuple[int, int] | None, partial: bool) -> str:
@@ -236,29 +264,23 @@ class TorchBackend:
                 self._jobs.task_done()
 
     def _compress(self, job: _Export) -> None:
-        # Compress under a hidden temporary name and publish with a hard link: a process killed
-        # mid-write leaves only temporaries (the plain JSON among them), never a truncated trace.
-        packed_path = job.json_path.with_name(job.json_path.name.removesuffix(".json.tmp") + ".gz.tmp")
+        # Compress in the private folder, fsync, and publish with a hard link under a name no
+        # process has used: a process killed mid-write, or a full disk, never leaves a truncated
+        # trace under a visible name.
+        packed = job.json_path.with_suffix(".gz.tmp")
         try:
-            with (
-                job.json_path.open("rb") as source,
-                open(packed_path, "xb") as raw,
-                gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw, mtime=0) as packed,
-            ):
-                shutil.copyfileobj(source, packed, 1 << 20)
-            final = self._publish(packed_path, job)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                packed_path.unlink()
-            # Keep the plain JSON, a readable trace, under a visible name rather than lose the window.
-            with contextlib.suppress(OSError):
-                os.link(job.json_path, job.json_path.with_name(job.json_path.name[1:].removesuffix(".tmp")))
-                job.json_path.unlink()
-            raise
-        packed_path.unlink()
-        job.json_path.unlink()
+            tail = _complete_tail(job.json_path)
+            try:
+                final = self._publish(job, lambda name: _pack(job.json_path, packed, tail, trace_name=str(name)))
+            except OSError as exc:  # e.g. no space for the .gz: the complete JSON costs nothing more to keep
+                final = self._publish(job, None)
+                self._report("could not compress a trace; it is kept as plain JSON", exc)
+        finally:
+            for leftover in (job.json_path, packed):
+                with contextlib.suppress(OSError):
+                    leftover.unlink()
         record = TraceRecord(
-            path=str(final),
+            path=final.name,
             role=job.spec.role,
             stage=job.spec.stage,
             step=job.spec.step,
@@ -274,16 +296,17 @@ class TorchBackend:
             self._done.append(record)
         self._manifest.append(record)
 
-    def _publish(self, packed_path: Path, job: _Export) -> Path:
-        """Give the finished file a final name no process has used (a new timestamp on a clash)."""
+    def _publish(self, job: _Export, pack: Callable[[Path], Path] | None) -> Path:
+        """Link ``pack(final name)`` (or, with ``pack=None``, the plain JSON) under a free final name."""
+        suffix = TRACE_SUFFIX if pack is not None else TRACE_SUFFIX.removesuffix(".gz")
         for _ in range(_EXCLUSIVE_ATTEMPTS):
-            final = packed_path.parent / (self._basename(job.spec, job.window, job.partial) + naming.TRACE_SUFFIX)
-            try:
-                os.link(packed_path, final)  # fails if the name exists: never overwrites
-            except FileExistsError:
-                continue
-            return final
-        raise FileExistsError(f"no free trace name in {packed_path.parent} after {_EXCLUSIVE_ATTEMPTS} attempts")
+            final = Path(job.spec.save_path).absolute() / (self._basename(job.spec, job.window, job.partial) + suffix)
+            if os.path.lexists(final):
+                continue  # a new timestamp next time round
+            source = pack(final) if pack is not None else _fsynced(job.json_path)
+            if _link_exclusively(source, final):
+                return final
+        raise FileExistsError(f"no free trace name in {job.spec.save_path} after {_EXCLUSIVE_ATTEMPTS} attempts")
 
     def flush(self) -> list[TraceRecord]:
         """Wait for pending exports; return the records written since the last flush."""
@@ -303,4 +326,63 @@ class TorchBackend:
                 self._jobs.put(None)
                 self._worker.join(timeout=5)
             self._worker = None
+            for scratch in self._scratch_dirs.values():
+                with contextlib.suppress(OSError):
+                    scratch.rmdir()  # empty unless a failure left something worth a look
+            self._scratch_dirs.clear()
         return done
+
+
+def _complete_tail(json_path: Path) -> bytes:
+    """The last bytes of a finished kineto trace; ``OSError`` if the file was cut short (a full disk)."""
+    with open(json_path, "rb") as source:
+        size = os.fstat(source.fileno()).st_size
+        source.seek(max(0, size - _TAIL_BYTES))
+        tail = source.read()
+    if not tail.rstrip().endswith(b"}") or tail.rfind(b'"traceName"') < 0:
+        raise OSError(errno.EIO, f"the trace was cut short at {size} bytes (disk full?); it is not published")
+    return tail
+
+
+def _fsynced(path: Path) -> Path:
+    with open(path, "rb") as handle:
+        os.fsync(handle.fileno())
+    return path
+
+
+def _pack(json_path: Path, packed_path: Path, tail: bytes, *, trace_name: str) -> Path:
+    """gzip (level 1) ``json_path`` into ``packed_path``, its ``traceName`` set to the final file; fsync'd."""
+    cut = tail.rfind(b'"traceName"')
+    new_tail = tail[:cut] + b'"traceName": ' + json.dumps(trace_name).encode() + b"}\n"
+    with contextlib.suppress(FileNotFoundError):
+        packed_path.unlink()  # an earlier attempt's
+    with (
+        open(json_path, "rb") as source,
+        open(packed_path, "xb") as raw,
+    ):
+        with gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw, mtime=0) as packed:
+            remaining = os.fstat(source.fileno()).st_size - len(tail)
+            while remaining > 0:
+                chunk = source.read(min(remaining, 1 << 20))
+                if not chunk:
+                    raise OSError(errno.EIO, f"{json_path} shrank while being compressed")
+                packed.write(chunk)
+                remaining -= len(chunk)
+            packed.write(new_tail)
+        raw.flush()
+        os.fsync(raw.fileno())
+    return packed_path
+
+
+def _link_exclusively(packed_path: Path, final: Path) -> bool:
+    """Publish ``packed_path`` as ``final`` unless that name exists (never overwrites); fsync the folder."""
+    try:
+        os.link(packed_path, final)
+    except FileExistsError:
+        return False
+    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
