@@ -21,10 +21,13 @@ module (for :func:`add_arguments`) and ``import instrument.cli`` still loads no 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
@@ -497,6 +500,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+@contextlib.contextmanager
+def _without_kineto_chatter() -> Iterator[None]:
+    """Drop the ``USDT: … profiler_start/stop`` lines torch 2.13 prints per trace (24 in this demo).
+
+    They come from C++ straight to file descriptor 2, so the demo passes its stderr through a
+    pipe and a thread that forwards every other line. Only for this demo: a library must not
+    take over a process's stderr.
+    """
+    try:
+        saved = os.dup(2)
+        read_end, write_end = os.pipe()
+        os.dup2(write_end, 2)
+        os.close(write_end)
+    except OSError:  # no usable stderr: nothing to keep readable
+        yield
+        return
+
+    def forward() -> None:
+        with os.fdopen(read_end, "rb") as lines:
+            for line in lines:
+                if not line.startswith(b"USDT:"):
+                    os.write(saved, line)
+
+    forwarder = threading.Thread(target=forward, name="instrument-demo-stderr", daemon=True)
+    forwarder.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the forwarder reads to the end
+        forwarder.join(timeout=5)
+        os.close(saved)
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``instrument demo`` with parsed arguments; 0 on success, 1 if a profiled step left no trace."""
     config = Path(args.config)
@@ -504,9 +541,10 @@ def main_from_args(args: argparse.Namespace) -> int:
         packaged = Path(__file__).resolve().parents[1] / DEFAULT_CONFIG  # a source checkout, run from elsewhere
         if packaged.exists():
             config = packaged
-    result = run_demo(
-        config, num_steps=args.num_steps, overrides=args.overrides, seed=args.seed, slow_step=args.slow_step
-    )
+    with _without_kineto_chatter():
+        result = run_demo(
+            config, num_steps=args.num_steps, overrides=args.overrides, seed=args.seed, slow_step=args.slow_step
+        )
     if result.profiled_steps and not result.traces:
         print("instrument demo: error: profiled steps wrote no trace", file=sys.stderr)
         return 1
