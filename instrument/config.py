@@ -10,6 +10,7 @@ overrides (:meth:`ProfilerConfig.from_overrides`), accepting verl's key names
 
 from __future__ import annotations
 
+import collections
 import difflib
 import math
 import os
@@ -79,7 +80,7 @@ def _int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attr
         for v in value:
             if v < minimum:
                 raise ValueError(f"'{attribute.name}' must hold values >= {minimum}: {v}")
-        repeated = sorted({v for v in value if value.count(v) > 1})
+        repeated = sorted(v for v, n in collections.Counter(value).items() if n > 1)  # linear: 10^5 steps fine
         if repeated:
             raise ValueError(f"'{attribute.name}' must not repeat a value: {repeated} given more than once")
 
