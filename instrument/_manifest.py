@@ -8,10 +8,12 @@ shared filesystem never write into the same file; each record is one ``write`` o
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -70,14 +72,129 @@ class Manifest:
                 os.close(fd)
 
 
-def read_manifests(save_path: str | os.PathLike[str]) -> Iterator[TraceRecord]:
-    """Every record of every manifest in ``save_path``; malformed lines are skipped."""
+MAX_LINE_BYTES = 1 << 20
+"""Longest manifest line read (a record is ~300 bytes): a longer one is skipped without holding it."""
+
+_NAMED_PER_MANIFEST = 20  # bad lines named one by one; past that, one count per manifest
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
+
+
+def read_manifests(
+    save_path: str | os.PathLike[str], on_skip: Callable[[str, str], None] | None = None
+) -> Iterator[TraceRecord]:
+    """Every record of every ``instrument-manifest-*.jsonl`` in ``save_path``.
+
+    Only regular files are opened (a FIFO, a directory or a dangling symlink under a manifest's name
+    is skipped, never waited on); a line that is not one whole, well-typed record is skipped. Each
+    skip is told to ``on_skip(path, reason)`` when given, e.g. ``"line 3: 'rank' must be an int
+    (got "0")"``. Fields a newer writer adds are ignored.
+    """
+    tell = on_skip or (lambda _path, _reason: None)
     for manifest in sorted(Path(save_path).glob(MANIFEST_GLOB)):
-        with manifest.open(encoding="utf-8", errors="replace") as lines:
-            for line in lines:
+        where = str(manifest)
+        try:
+            handle = _open_regular(manifest)
+        except OSError as exc:
+            tell(where, _why_not(manifest, exc))
+            continue
+        bad = 0
+        with handle:
+            for number, line in enumerate(_bounded_lines(handle), 1):
                 try:
-                    data = json.loads(line)
-                    window = data.pop("window")
-                    yield TraceRecord(window=None if window is None else (window[0], window[1]), **data)
-                except (ValueError, TypeError, KeyError, IndexError):
-                    continue
+                    if line is None:
+                        raise ValueError(f"longer than {MAX_LINE_BYTES:,} bytes")
+                    text = line.decode("utf-8", errors="replace").strip()
+                    if text:
+                        yield _record(text)
+                except ValueError as exc:
+                    bad += 1
+                    if bad <= _NAMED_PER_MANIFEST:
+                        tell(where, f"line {number}: {exc}")
+        if bad > _NAMED_PER_MANIFEST:
+            tell(where, f"{bad - _NAMED_PER_MANIFEST} more bad lines")
+
+
+def _open_regular(path: Path) -> Any:
+    """``path`` opened for binary reading if it is a regular file; ``O_NONBLOCK``: a FIFO cannot block."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = next((words for test, words in _KINDS if test(mode)), "a device")
+            raise OSError(errno.EINVAL, f"not a regular file: {kind}")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _why_not(path: Path, exc: OSError) -> str:
+    if exc.errno == errno.ELOOP:
+        return "symlink loop (too many levels of symbolic links)"
+    if exc.errno == errno.ENOENT and path.is_symlink():
+        return "dangling symlink (its target does not exist)"
+    return str(exc.strerror) if exc.errno == errno.EINVAL else f"cannot read ({exc.strerror or exc})"
+
+
+def _bounded_lines(handle: Any) -> Iterator[bytes | None]:
+    """The lines of ``handle``; ``None`` for one longer than :data:`MAX_LINE_BYTES` (read past, not kept)."""
+    while line := handle.readline(MAX_LINE_BYTES + 1):
+        if len(line) <= MAX_LINE_BYTES or line.endswith(b"\n"):
+            yield line
+            continue
+        while (rest := handle.readline(MAX_LINE_BYTES)) and not rest.endswith(b"\n"):
+            pass
+        yield None
+
+
+_FIELDS = (
+    ("path", str, "a string"),
+    ("role", str, "a string"),
+    ("stage", str, "a string"),
+    ("step", int, "an int"),
+    ("rank", int, "an int"),
+    ("world", int, "an int"),
+    ("partial", bool, "true or false"),
+    ("bytes", int, "an int"),
+    ("tool", str, "a string"),
+    ("triggered", bool, "true or false"),
+)
+_OPTIONAL = frozenset({"triggered"})  # older writers did not write it
+
+
+def _record(text: str) -> TraceRecord:
+    """One manifest line as a record; ``ValueError`` naming the first field that is missing or wrong."""
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise ValueError("not JSON") from None
+    if not isinstance(data, dict):
+        raise ValueError("not a JSON object")
+    values: dict[str, Any] = {}
+    for key, kind, words in _FIELDS:
+        if key in data:
+            values[key] = _checked(key, data[key], kind, words)
+        elif key not in _OPTIONAL:
+            raise ValueError(f"'{key}' is missing")
+    if "window" not in data:
+        raise ValueError("'window' is missing")
+    window = data["window"]
+    if window is not None:
+        if not (isinstance(window, list) and len(window) == 2):
+            raise ValueError(f"'window' must be null or [first, last] (got {_shown(window)})")
+        window = tuple(_checked("window", n, int, "null or two ints") for n in window)
+    return TraceRecord(window=window, **values)
+
+
+def _checked(key: str, value: Any, kind: type, words: str) -> Any:
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ValueError(f"'{key}' must be {words} (got {_shown(value)})")
+    if isinstance(value, str) and not value.isprintable():  # control characters, a lone surrogate
+        raise ValueError(f"'{key}' must be printable text (got {_shown(value)})")
+    return value
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."

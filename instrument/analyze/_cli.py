@@ -1,16 +1,21 @@
 """``instrument analyze DIR``: the table, ``--json``, the PNG and ``--html``.
 
 Exit status: 0 every file was read, 1 some were skipped (one stderr line each), 2 bad arguments,
-an unreadable directory or an output that could not be written.
+an unreadable directory or an output that could not be written.  Names and labels come from a
+directory we do not trust: control characters are escaped (one line per skipped file, no terminal
+escapes) and text no encoding can print is backslash-escaped rather than raising.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import stat
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from instrument.analyze._report import analyze
 
@@ -71,9 +76,38 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _printable(text: str) -> str:
+    """``text`` with newlines, terminal escapes and undecodable bytes written as Python escapes."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
+def _say(text: str, stream: TextIO | None = None) -> None:
+    """Print ``text``; what the stream's encoding cannot hold (a lone surrogate) is backslash-escaped."""
+    out = sys.stdout if stream is None else stream
+    encoding = getattr(out, "encoding", None) or "utf-8"
+    print(text.encode(encoding, "backslashreplace").decode(encoding, "replace"), file=out)
+
+
 def _error(message: str) -> int:
-    print(f"instrument analyze: error: {message}", file=sys.stderr)
+    _say(f"instrument analyze: error: {_printable(message)}", sys.stderr)
     return 2
+
+
+def _not_ours(target: Path) -> str | None:
+    """Why the default picture must not be written at ``target``: a planted symlink would be followed
+    (overwriting its target) and a FIFO would block; an old picture (a regular file) is replaced."""
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot check {target}: {exc.strerror}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = "a symlink" if stat.S_ISLNK(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a special file"
+    return f"{target} is not a regular file ({kind}): left alone"
 
 
 def main_from_args(args: argparse.Namespace) -> int:
@@ -87,21 +121,24 @@ def main_from_args(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         return _error(str(exc))
     for skipped in report.skipped:
-        print(f"instrument analyze: skipped {skipped.path}: {skipped.reason}", file=sys.stderr)
+        _say(f"instrument analyze: skipped {_printable(skipped.path)}: {_printable(skipped.reason)}", sys.stderr)
 
     png: Path | None = None
-    if not args.no_png:
-        target = Path(args.png) if args.png else Path(args.directory) / DEFAULT_PNG
+    target = Path(args.png) if args.png else Path(args.directory) / DEFAULT_PNG
+    refused = None if args.no_png or args.png else _not_ours(target)
+    if refused is not None:
+        _say(f"instrument analyze: no picture: {_printable(refused)}", sys.stderr)
+    elif not args.no_png:
         try:
             png = report.write_png(target)
         except ImportError:
             if args.png:
                 return _error("--png needs matplotlib: pip install 'instrument[analyze]'")
-            print("instrument analyze: no picture: matplotlib is not installed", file=sys.stderr)
+            _say("instrument analyze: no picture: matplotlib is not installed", sys.stderr)
         except OSError as exc:
             if args.png:
                 return _error(f"cannot write {target}: {exc}")
-            print(f"instrument analyze: no picture: cannot write {target}: {exc}", file=sys.stderr)
+            _say(f"instrument analyze: no picture: cannot write {_printable(str(target))}: {exc}", sys.stderr)
     page: Path | None = None
     if args.html:
         try:
@@ -115,13 +152,13 @@ def main_from_args(args: argparse.Namespace) -> int:
         data = report.to_dict()
         data["png"] = None if png is None else str(png)
         data["html"] = None if page is None else str(page)
-        print(json.dumps(data, indent=2))
+        _say(json.dumps(data, indent=2))
     else:
         tty = sys.stdout.isatty()
         width = shutil.get_terminal_size().columns if tty else None
-        print(report.render_text(width=width, color=tty))
+        _say(report.render_text(width=width, color=tty))
         if png is not None:
-            print(f"picture  {png}")
+            _say(f"picture  {png}")
         if page is not None:
-            print(f"page     {page}")
+            _say(f"page     {page}")
     return 1 if report.skipped else 0

@@ -13,6 +13,8 @@ file of under :data:`SMALL_FILE_BYTES` is decoded whole with ``orjson`` when ins
 garbage collector paused), which is faster for small files and still bounded by that size.
 Memory is therefore bounded by the largest single file, never by the total.
 
+Only regular files are opened; decoded bytes pass a guard (depth, size: :mod:`._safe_io`).
+
 Standard library only at import time; ``ijson`` / ``orjson`` are imported when a file is read.
 """
 
@@ -24,7 +26,6 @@ import functools
 import gc
 import gzip
 import importlib.util
-import io
 import json
 import operator
 import os
@@ -39,6 +40,8 @@ from typing import Any
 
 from instrument import naming
 from instrument._manifest import read_manifests
+from instrument.analyze import _safe_io
+from instrument.analyze._safe_io import GuardedReader, TraceError
 from instrument.ranks import engine_trace_local_rank
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "FileScan",
     "Segment",
     "Skipped",
+    "TraceError",
     "TraceFile",
     "discover",
     "label_key",
@@ -66,7 +70,6 @@ _STAGE_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.=+-]*\Z")
 _ENGINE = naming.ENGINE_TRACE
 _FRONTEND = naming.FRONTEND_TRACE
 _PREFIX_STEP = re.compile(r"(?:^|_)step(\d+)(?:_|$)")
-_GZIP_MAGIC = b"\x1f\x8b"
 _READ_CHUNK = 1 << 20
 
 
@@ -190,18 +193,33 @@ def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[S
     """Every trace file of ``directory`` (manifest records first, then names), sorted by path.
 
     Files whose rank the name does not give come back with ``rank=None`` and ``source="trace"``:
-    :func:`read_header` reads it from the trace.  Raises ``OSError`` when the directory cannot be listed.
+    :func:`read_header` reads it from the trace.  Entries named like a trace or manifest that are no
+    regular file, and bad manifest lines, come back :class:`Skipped`.  Raises ``OSError`` when the
+    directory cannot be listed, ``ValueError`` for a bad ``$INSTRUMENT_ANALYZE_MAX_BYTES``.
     """
     root = Path(directory)
-    on_disk = {entry.name: entry for entry in root.iterdir() if _is_trace_name(entry.name) and entry.is_file()}
-    found: dict[str, TraceFile] = {}
+    _safe_io.max_decoded_bytes()  # a bad override fails the run here, not once per file
+    on_disk: dict[str, Path] = {}
     skipped: list[Skipped] = []
-    for record in read_manifests(root):
+    named: set[str] = set()  # reported once: not again as "listed in a manifest"
+    with os.scandir(root) as listing:
+        for name in (item.name for item in listing if _is_trace_name(item.name)):
+            problem = _safe_io.entry_problem(str(root / name))  # manifests: read_manifests checks them
+            if problem is None:
+                on_disk[name] = root / name
+            else:
+                skipped.append(Skipped(str(root / name), problem))
+                named.add(name)
+    found: dict[str, TraceFile] = {}
+    for record in read_manifests(root, on_skip=lambda path, reason: skipped.append(Skipped(path, reason))):
+        # By name: relative to save_path, or (older manifests) absolute, maybe from another machine
         name = os.path.basename(record.path)
         if not name.endswith(_TRACE_SUFFIXES):
             continue  # an nsys report or another file we cannot read
         if name not in on_disk:
-            skipped.append(Skipped(str(root / name), "listed in a manifest but not in the directory"))
+            if name not in named:
+                named.add(name)
+                skipped.append(Skipped(str(root / name), "listed in a manifest but not in the directory"))
             continue
         if record.rank < 0:
             continue  # relocated with an unknown rank: the name decides below
@@ -232,36 +250,6 @@ def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[S
 
 
 # --------------------------------------------------------------------------- opening
-
-
-class TraceError(Exception):
-    """A file that cannot be read as a chrome trace; the message is the reason."""
-
-
-@contextlib.contextmanager
-def _opened(path: str) -> Iterator[io.BufferedIOBase]:
-    """The file's text as bytes: gunzipped when it starts with gzip's magic, whatever its name says."""
-    with open(path, "rb") as raw:
-        magic = raw.read(2)
-        raw.seek(0)
-        if magic == _GZIP_MAGIC:
-            with gzip.GzipFile(fileobj=raw, mode="rb") as packed:
-                yield packed
-        else:
-            yield raw
-
-
-def _uncompressed_size(path: str) -> int:
-    """The size of the decoded text (gzip's ISIZE trailer, modulo 4 GiB), or the file's size."""
-    with open(path, "rb") as raw:
-        if raw.read(2) != _GZIP_MAGIC:
-            return os.fstat(raw.fileno()).st_size
-        size = os.fstat(raw.fileno()).st_size
-        if size < 18:
-            return size
-        raw.seek(-4, os.SEEK_END)
-        isize = int.from_bytes(raw.read(4), "little")
-        return max(isize, size)  # ISIZE wraps at 4 GiB: never trust it below the compressed size
 
 
 def _reason(exc: BaseException) -> str:
@@ -295,7 +283,7 @@ def read_header(path: str) -> dict[str, Any]:
     try:
         if not _have_ijson():
             return _scan_whole(TraceFile(path, "unknown", "trace", 0, None, None), json.loads, 0).header
-        with _opened(path) as stream:
+        with _safe_io.open_json(path) as stream:
             return _header(stream)
     except TraceError:
         raise
@@ -303,7 +291,7 @@ def read_header(path: str) -> dict[str, Any]:
         raise TraceError(_reason(exc)) from exc
 
 
-def _header(stream: io.BufferedIOBase) -> dict[str, Any]:
+def _header(stream: GuardedReader) -> dict[str, Any]:
     import ijson  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     header: dict[str, Any] = {}
@@ -312,7 +300,7 @@ def _header(stream: io.BufferedIOBase) -> dict[str, Any]:
     if first is None or first[1] != "start_map":
         raise TraceError("not a chrome trace (the JSON is not an object)")
     builder: Any = None
-    current = ""
+    current, began = "", 0
     for prefix, event, value in events:
         if prefix == "" and event in ("map_key", "end_map"):
             if builder is not None:
@@ -325,9 +313,11 @@ def _header(stream: io.BufferedIOBase) -> dict[str, Any]:
                 header["traceEvents"] = True
                 return header
             if value in _HEADER_KEYS:
-                builder = ijson.ObjectBuilder()
+                builder, began = ijson.ObjectBuilder(), stream.guard.total
         elif builder is not None:
             builder.event(event, value)
+            if stream.guard.total - began > _safe_io.MAX_HEADER_BYTES:  # built whole, a step per value
+                raise TraceError(f"over the header limit: {current} over {_safe_io.MAX_HEADER_BYTES:,} bytes")
     raise TraceError("not a chrome trace (no traceEvents)")
 
 
@@ -375,11 +365,9 @@ class _Ranges:
         starts, ends = self.starts, self.ends
         if not starts:
             return [], []
-        pairs: Iterator[tuple[float, float]]
-        if all(map(operator.le, starts, islice(starts, 1, None))):
-            pairs = zip(starts, ends, strict=True)
-        else:
-            pairs = iter(sorted(zip(starts, ends, strict=True)))
+        if not all(map(operator.le, starts, islice(starts, 1, None))):
+            return self._merged_apart()
+        pairs = zip(starts, ends, strict=True)
         cur_s, cur_e = next(pairs)
         out_s: list[float] = []
         out_e: list[float] = []
@@ -393,6 +381,14 @@ class _Ranges:
         out_s.append(cur_s)
         out_e.append(cur_e)
         return out_s, out_e
+
+    def _merged_apart(self) -> tuple[list[float], list[float]]:
+        # Unsorted starts (rare; hostile files): sorted apart, 8 bytes a value where (start, end) tuples
+        # take ~56. With both sorted, the union has a gap after ends[k] exactly when starts[k+1] > ends[k].
+        self.starts = starts = array("d", sorted(self.starts))
+        self.ends = ends = array("d", sorted(self.ends))
+        cuts = [k for k, (s, e) in enumerate(zip(islice(starts, 1, None), ends, strict=False)) if s > e]
+        return [starts[0], *(starts[k + 1] for k in cuts)], [*(ends[k] for k in cuts), ends[-1]]
 
 
 def _length(starts: list[float], ends: list[float]) -> float:
@@ -575,7 +571,7 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _events_ijson(stream: io.BufferedIOBase) -> Iterator[Any]:
+def _events_ijson(stream: GuardedReader) -> Iterator[Any]:
     import ijson  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     events: Iterator[Any] = ijson.items(stream, "traceEvents.item", use_float=True, buf_size=_READ_CHUNK)
@@ -601,14 +597,15 @@ def scan_file(trace: TraceFile) -> FileScan:
     try:
         size = os.path.getsize(trace.path)
         loads = _loads()
-        if loads is not None and _uncompressed_size(trace.path) < SMALL_FILE_BYTES:
-            return _scan_whole(trace, loads, size)
+        if loads is not None and _safe_io.uncompressed_size(trace.path) < SMALL_FILE_BYTES:
+            with contextlib.suppress(_safe_io.TooLargeError):  # a forged gzip trailer: stream the file instead
+                return _scan_whole(trace, loads, size, limit=SMALL_FILE_BYTES)
         if not _have_ijson():  # the analyze extra brings it; without it, decode whole (memory ~10x the file)
             return _scan_whole(trace, loads or json.loads, size)
-        with _opened(trace.path) as stream:
+        with _safe_io.open_json(trace.path) as stream:
             header = _header(stream)
         scanner = _Scanner(_stage_name(trace, header), trace.continuous)
-        with _opened(trace.path) as stream, _gc_paused():
+        with _safe_io.open_json(trace.path) as stream, _gc_paused():
             scanner.feed(_events_ijson(stream))
         return FileScan(scanner.finish(), header, scanner.events, size)
     except TraceError:
@@ -617,9 +614,10 @@ def scan_file(trace: TraceFile) -> FileScan:
         raise TraceError(_reason(exc)) from exc
 
 
-def _scan_whole(trace: TraceFile, loads: Callable[[bytes], Any], size: int) -> FileScan:
-    with _opened(trace.path) as stream:
-        text = stream.read()
+def _scan_whole(trace: TraceFile, loads: Callable[[bytes], Any], size: int, limit: int = -1) -> FileScan:
+    """The file decoded whole; ``TooLargeError`` when it decodes to more than ``limit`` bytes."""
+    with _safe_io.open_json(trace.path) as stream:
+        text = stream.read() if limit < 0 else _safe_io.read_at_most(stream, limit)
     # The collector stays off while the decoded document lives: with millions of objects alive,
     # every full collection would walk them all.
     with _gc_paused():
@@ -637,11 +635,14 @@ def _scan_whole(trace: TraceFile, loads: Callable[[bytes], Any], size: int) -> F
     return FileScan(scanner.finish(), header, scanner.events, size)
 
 
+def meta_label(meta: Any, key: str) -> str | None:
+    """A label from a trace's own metadata, unless no terminal could print it (control characters)."""
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) and value.isprintable() else None
+
+
 def _stage_name(trace: TraceFile, header: dict[str, Any]) -> str:
-    meta = header.get("instrument")
-    if isinstance(meta, dict) and isinstance(meta.get("stage"), str):
-        return str(meta["stage"])
-    return trace.stage
+    return meta_label(header.get("instrument"), "stage") or trace.stage
 
 
 def with_rank_from_header(trace: TraceFile, header: dict[str, Any]) -> TraceFile | None:
@@ -656,10 +657,9 @@ def with_rank_from_header(trace: TraceFile, header: dict[str, Any]) -> TraceFile
     world = info.get("world_size") if isinstance(info, dict) else None
     changes: dict[str, Any] = {"rank": rank, "world": world if isinstance(world, int) else None}
     if isinstance(meta, dict):
-        if isinstance(meta.get("role"), str):
-            changes["role"] = meta["role"]
-        if isinstance(meta.get("stage"), str):
-            changes["stage"] = meta["stage"]
+        for key in ("role", "stage"):
+            if (label := meta_label(meta, key)) is not None:
+                changes[key] = label
         if isinstance(meta.get("step"), int):
             changes["step"] = meta["step"]
     return replace(trace, **changes)

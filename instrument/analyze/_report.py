@@ -24,6 +24,7 @@ from instrument.analyze._reader import (
     TraceFile,
     discover,
     label_key,
+    meta_label,
     read_header,
     scan_file,
     with_rank_from_header,
@@ -503,10 +504,7 @@ def _remember(names: dict[str, str], label: str) -> None:
 
 
 def _role(trace: TraceFile, scan: FileScan) -> str:
-    meta = scan.header.get("instrument")
-    if isinstance(meta, dict) and isinstance(meta.get("role"), str):
-        return str(meta["role"])
-    return trace.role
+    return meta_label(scan.header.get("instrument"), "role") or trace.role
 
 
 def _median(values: list[float]) -> float:
