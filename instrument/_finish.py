@@ -3,7 +3,8 @@
 * :func:`hook_environment` builds the ``INSTRUMENT_PROFILE_*`` variables the hook reads.
 * :func:`run_finish_hook` runs ``/bin/sh -c CMD`` once, in its own process group, with those
   values only in the environment (never spliced into ``CMD``), streams its output into the log and
-  kills the whole group at the timeout.  It never raises: a broken hook must not break training.
+  kills the whole group at the timeout, through a watchdog process that does so even when this
+  process dies (:mod:`instrument._reaper`).  It never raises: a broken hook must not break training.
 * :func:`move_into` moves a file into a directory without ever overwriting, also across
   filesystems (copy to a temp name, fsync, exclusive link into place, then remove the source).
 * :func:`wait_until_stable` waits for a file another process writes to stop changing.
@@ -14,21 +15,20 @@ Standard library only (plus ``instrument.*``).  See ``docs/finish-hook.md``.
 from __future__ import annotations
 
 import collections
-import contextlib
 import errno
 import logging
 import os
 import secrets
 import shutil
-import signal
 import stat
-import subprocess
 import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
+
+from instrument._reaper import TERM_GRACE_S, HookStartError, start_hook
 
 __all__ = [
     "ENV_PREFIX",
@@ -51,8 +51,7 @@ TAIL_LINES = 20
 MAX_LOGGED_LINES = 200
 """Hook output lines logged per run; the rest are counted, not shown."""
 
-_TERM_GRACE_S = 2.0  # between SIGTERM and SIGKILL of the hook's process group
-_REAP_TIMEOUT_S = 5.0  # waiting for the killed shell itself (a process in D state may take a while)
+_TERM_GRACE_S = TERM_GRACE_S  # between SIGTERM and SIGKILL of the hook's process group
 _READER_GRACE_S = 2.0  # draining output still buffered in the pipe after the shell exited
 _READ_CHUNK = 1 << 16
 _MAX_LINE_BYTES = 8192  # a longer line is cut into pieces, so one endless line cannot eat memory
@@ -103,14 +102,14 @@ class HookResult:
     """How a finish hook run ended."""
 
     returncode: int | None
-    """The shell's exit status (negative: killed by that signal, not by us); ``None`` if it never ran
-    or was killed at the timeout."""
+    """The shell's exit status (negative: killed by that signal, not at the timeout); ``None`` if it
+    never ran, was killed at the timeout, or its status is unknown (see :attr:`error`)."""
     timed_out: bool
     duration_s: float
     tail: tuple[str, ...]
     """The last lines of output (at most :data:`TAIL_LINES`)."""
     error: str | None
-    """Why the hook could not run, if so."""
+    """Why the hook could not run, or why its end is unknown, if so."""
 
     @property
     def ok(self) -> bool:
@@ -173,67 +172,15 @@ def _decode(raw: bytes) -> str:
     return raw.decode("utf-8", errors="replace").rstrip("\r")
 
 
-def _group_alive(pgid: int) -> bool:
-    """Whether process group ``pgid`` still has a member that is not a zombie.
-
-    Killed orphans become zombies of the init process, and a container's init (or a training
-    script running as PID 1) may reap them late or never; ``killpg(pgid, 0)`` counts zombies, so
-    on Linux ``/proc`` is read instead.
-    """
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not os.path.exists("/proc/self/stat"):
-        return True
-    with os.scandir("/proc") as entries:
-        for entry in entries:
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(os.path.join(entry.path, "stat"), "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-            except (OSError, IndexError):
-                continue  # gone meanwhile
-            # After the command name: state, ppid, pgrp.
-            if int(fields[2]) == pgid and fields[0] not in (b"Z", b"X"):
-                return True
-    return False
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM the hook's process group, give it a grace period, then SIGKILL whatever is left.
-
-    The shell leads its own group (``start_new_session``), so ``pgid == proc.pid``.  The group is
-    signalled even after the shell exited: its background children stay in the group.  Until the
-    last member is gone the kernel does not reuse that number, so the SIGKILL cannot hit a stranger
-    (except in the tiny window where the group empties between our check and the signal).
-    """
-    pgid = proc.pid
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGTERM)
-    deadline = time.monotonic() + _TERM_GRACE_S
-    while time.monotonic() < deadline:
-        proc.poll()  # reap the shell, or it lingers as a zombie member of the group
-        if not _group_alive(pgid):
-            break
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pgid, signal.SIGKILL)
-    try:
-        proc.wait(timeout=_REAP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        logger.warning("finish hook shell (pid %d) did not exit after SIGKILL", pgid)
-
-
 def run_finish_hook(cmd: str, *, env: Mapping[str, str], timeout_s: float, log_prefix: str) -> HookResult:
     """Run ``/bin/sh -c cmd`` once with ``env`` added to this process's environment; never raises.
 
     The hook runs in its own process group with stdin from ``/dev/null``; its output (stdout and
     stderr together) is logged line by line as ``"{log_prefix} {line}"`` (the first
     :data:`MAX_LOGGED_LINES` lines).  At ``timeout_s`` the whole group gets SIGTERM, then SIGKILL.
+    It returns when the shell ends; what the shell left running in its group is killed at
+    ``timeout_s``, also if this process has ended by then, and everything at once if this process
+    dies while the shell still runs.
     """
     start = time.monotonic()
     try:
@@ -245,46 +192,39 @@ def run_finish_hook(cmd: str, *, env: Mapping[str, str], timeout_s: float, log_p
 
 def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, start: float) -> HookResult:
     logger.info("%s running finish hook (timeout %g s): %s", log_prefix, timeout_s, cmd)
-    try:
-        proc = subprocess.Popen(
-            ["/bin/sh", "-c", cmd],
-            env={**os.environ, **env},
-            start_new_session=True,  # its own process group: a timeout kills the hook's children too
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-    except (OSError, ValueError, subprocess.SubprocessError) as exc:
-        # ValueError: a NUL byte in a value; OSError: no /bin/sh, no memory, too many processes.
-        error = f"{type(exc).__name__}: {exc}"
-        logger.warning("%s finish hook could not start: %s", log_prefix, error)
-        return HookResult(None, False, time.monotonic() - start, (), error)
-
-    assert proc.stdout is not None
-    reader = _OutputReader(proc.stdout, log_prefix)
+    deadline = start + timeout_s
+    read_fd, write_fd = os.pipe()  # both close-on-exec: the hook gets the write end as stdout and stderr only
+    reader = _OutputReader(open(read_fd, "rb", buffering=0), log_prefix)  # noqa: SIM115 - the reader closes it
     thread = threading.Thread(target=reader.run, name="instrument-finish-hook-output", daemon=True)
-    timed_out = False
-    returncode: int | None
     try:
         thread.start()
-        try:
-            returncode = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            returncode = None
-            _kill_group(proc)
+        # The shell is started by a watchdog process that ends its group by the deadline whatever
+        # happens to this process (see instrument/_reaper.py and docs/finish-hook.md).
+        hook = start_hook(cmd, {**os.environ, **env}, deadline, write_fd, log_prefix)
+    except HookStartError as exc:
+        error = str(exc)
+        logger.warning("%s finish hook could not start: %s", log_prefix, error)
+        return HookResult(None, False, time.monotonic() - start, (), error)
+    finally:
+        os.close(write_fd)  # from now on only the hook holds it: the reader sees end-of-file when it is done
+    try:
+        end = hook.wait()
     except BaseException:
-        # Interrupted (KeyboardInterrupt, a failing thread start): leave no hook process behind.
-        if proc.poll() is None:
-            _kill_group(proc)
+        # Interrupted (KeyboardInterrupt): leave no hook process behind.
+        hook.abandon()
         raise
+    # What the shell left in its group may run until the deadline, no longer: a hook may background
+    # its upload and exit.
+    hook.release()
+    timed_out, returncode = end.timed_out, end.returncode
 
     # A process the hook put in another group or session may still hold the pipe open: give the
     # reader a moment to drain what is buffered, then abandon it (a daemon thread) rather than hang.
     thread.join(_READER_GRACE_S)
     if thread.is_alive():
         logger.warning(
-            "%s a background process of the finish hook still holds its output open; not waiting for it",
+            "%s a background process of the finish hook still holds its output open; not waiting for it "
+            "(if still in the hook's process group, it is killed at the hook's deadline)",
             log_prefix,
         )
     tail, not_shown = reader.finish()
@@ -300,12 +240,14 @@ def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, st
             timeout_s,
             shown_tail,
         )
+    elif end.error is not None:
+        logger.warning("%s finish hook: %s; last output:%s", log_prefix, end.error, shown_tail)
     elif returncode is not None and returncode != 0:
         how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
         logger.warning("%s finish hook %s after %.1f s; last output:%s", log_prefix, how, duration, shown_tail)
     else:
         logger.info("%s finish hook succeeded in %.1f s", log_prefix, duration)
-    return HookResult(returncode, timed_out, duration, tail, None)
+    return HookResult(returncode, timed_out, duration, tail, end.error)
 
 
 # --------------------------------------------------------------------------- relocating files
