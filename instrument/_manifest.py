@@ -23,6 +23,7 @@ from instrument import naming
 __all__ = ["MANIFEST_GLOB", "Manifest", "TraceRecord", "manifest_name", "read_manifests"]
 
 MANIFEST_GLOB = "instrument-manifest-*.jsonl"
+_NAME_ATTEMPTS = 100
 
 
 @dataclass(frozen=True)
@@ -55,21 +56,47 @@ def manifest_name(host: str | None = None, pid: int | None = None) -> str:
 
 
 class Manifest:
-    """Appends :class:`TraceRecord` lines to this process's manifest in ``save_path``."""
+    """Appends :class:`TraceRecord` lines to this process's manifest in ``save_path``.
+
+    The file is created exclusively and never through a symlink: a name that exists already
+    (a planted link, an earlier run of a recycled pid) moves this run to ``…-pid{pid}-{n}.jsonl``.
+    """
 
     def __init__(self, save_path: str | os.PathLike[str]) -> None:
         self.path = Path(save_path) / manifest_name()
         self._lock = threading.Lock()
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+        stem = self.path.name.removesuffix(".jsonl")
+        for n in range(_NAME_ATTEMPTS):
+            path = self.path.with_name(f"{stem}-{n}.jsonl" if n else f"{stem}.jsonl")
+            try:
+                fd = os.open(path, flags, 0o644)
+            except FileExistsError:
+                continue
+            self.path = path
+            return fd
+        raise FileExistsError(f"no free manifest name like {self.path} after {_NAME_ATTEMPTS} attempts")
 
     def append(self, record: TraceRecord) -> None:
-        """Add one record; raises ``OSError`` when the file cannot be written."""
+        """Add one record (one ``write``: a crash leaves whole lines); ``OSError`` when it cannot."""
         line = (record.to_json() + "\n").encode("utf-8")
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            if self._fd is None:
+                self._fd = self._open()
+            written = os.write(self._fd, line)
+            if written != len(line):  # a full disk mid-line: end it so the next line stays readable
+                os.write(self._fd, b"\n")
+                raise OSError(errno.ENOSPC, f"manifest line cut short in {self.path}")
+
+    def close(self) -> None:
+        """Close the file (a later ``append`` starts a new one)."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
 
 
 MAX_LINE_BYTES = 1 << 20
