@@ -276,6 +276,21 @@ def test_sigterm_to_the_watchdog_ends_the_hook_first(caplog: pytest.LogCaptureFi
     _wait_group_gone(pgid)
 
 
+def test_watchdog_killed_mid_hook_the_trainer_takes_over(caplog: pytest.LogCaptureFixture, hook_dir: Path) -> None:
+    results: list[HookResult] = []
+    hook = threading.Thread(target=lambda: results.append(_run(HANGING, 3, hook_dir)))
+    hook.start()
+    pgid, bg, watchdog = _read_pid(hook_dir / "pgid"), _read_pid(hook_dir / "bg"), _watchdog(hook_dir)
+    os.kill(watchdog, signal.SIGKILL)
+    hook.join(GUARD_S)
+    assert not hook.is_alive()
+    (result,) = results
+    assert result.timed_out and result.returncode is None
+    assert any("watchdog stopped reporting" in w for w in _warnings(caplog))
+    _wait_dead([bg], "the hook's background child")
+    _wait_group_gone(pgid)
+
+
 def test_watchdog_that_cannot_start_warns_once_and_the_trainer_guards(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, hook_dir: Path
 ) -> None:
