@@ -6,8 +6,17 @@ so ``import instrument`` imports neither torch, nvtx, vllm nor ray.
 
 from __future__ import annotations
 
-from instrument._api import configure, finish, profile_step, profile_window, profiled_stage
-from instrument._session import Session
+from instrument._api import (
+    begin_step,
+    configure,
+    current_run,
+    end_step,
+    finish,
+    profile_step,
+    profile_window,
+    profiled_stage,
+)
+from instrument._run import RunInfo
 from instrument._version import __version__
 from instrument.config import CONTENTS, TOOLS, FinishHook, ProfilerConfig, Schedule, SlowStep
 
@@ -16,11 +25,14 @@ __all__ = [
     "TOOLS",
     "FinishHook",
     "ProfilerConfig",
+    "RunInfo",
     "Schedule",
-    "Session",
     "SlowStep",
     "__version__",
+    "begin_step",
     "configure",
+    "current_run",
+    "end_step",
     "finish",
     "profile_step",
     "profile_window",

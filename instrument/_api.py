@@ -15,10 +15,21 @@ from types import TracebackType
 from typing import Any, TypeVar, overload
 
 from instrument import naming
-from instrument._session import STATE, Session, start_session
+from instrument._run import RunInfo
+from instrument._session import Session, start_session
+from instrument._state import STATE
 from instrument.config import ProfilerConfig
 
-__all__ = ["configure", "finish", "profile_step", "profile_window", "profiled_stage"]
+__all__ = [
+    "begin_step",
+    "configure",
+    "current_run",
+    "end_step",
+    "finish",
+    "profile_step",
+    "profile_window",
+    "profiled_stage",
+]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -26,13 +37,44 @@ _WITH_ENTRIES: ContextVar[tuple[tuple[Any, Any], ...]] = ContextVar("instrument_
 """``profiled_stage`` objects entered as ``with`` blocks in this context, innermost last."""
 
 
-def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, world_size: int | None = None) -> Session:
+def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, world_size: int | None = None) -> RunInfo:
     """Start a run for this process; rank and world size are detected when not given.
 
     Raises ``ValueError`` naming a selected rank outside the world. After this call nothing
     the SDK does raises into training. Call again after :func:`finish` for a new run.
+    Returns a read-only :class:`RunInfo`.
     """
-    return start_session(config, role=role, rank=rank, world_size=world_size)
+    return RunInfo(start_session(config, role=role, rank=rank, world_size=world_size))
+
+
+def current_run() -> RunInfo | None:
+    """The run of this process, or ``None`` before ``configure``."""
+    session = STATE.session
+    return None if session is None else RunInfo(session)
+
+
+def begin_step(step: int) -> bool:
+    """Open RL step ``step`` — what ``profile_step`` does on entry, for code that cannot use a ``with`` block.
+
+    Returns whether this process records the step. Pair it with :func:`end_step`.
+    """
+    _check_step(step)
+    session = STATE.session
+    if session is None:
+        return False
+    session.begin_step(step)
+    return bool(session.step_profiled)
+
+
+def end_step(*, last: bool = False, failed: bool = False) -> None:
+    """Close the open step — what ``profile_step`` does on exit.
+
+    ``last=True`` runs the finish hook after it; ``failed=True`` (the step is unwinding from an
+    error) runs it without waiting for the other ranks.
+    """
+    session = STATE.session
+    if session is not None:
+        session.end_step(last=last, failed=failed)
 
 
 def finish() -> list[str]:
@@ -42,6 +84,13 @@ def finish() -> list[str]:
     """
     session = STATE.session
     return [] if session is None else session.finish()
+
+
+def _check_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"'step' must be an int (1-based RL step): {step!r}")
+    if step < 0:
+        raise ValueError(f"'step' must be >= 0: {step}")
 
 
 class profiled_stage:  # noqa: N801 - reads as a function at call sites, like contextlib's helpers
@@ -239,10 +288,7 @@ class profile_step:  # noqa: N801 - a context manager read as a verb
     __slots__ = ("last", "step")
 
     def __init__(self, step: int, *, last: bool = False) -> None:
-        if isinstance(step, bool) or not isinstance(step, int):
-            raise TypeError(f"'step' must be an int (1-based RL step): {step!r}")
-        if step < 0:
-            raise ValueError(f"'step' must be >= 0: {step}")
+        _check_step(step)
         self.step = step
         self.last = bool(last)
 
@@ -255,6 +301,4 @@ class profile_step:  # noqa: N801 - a context manager read as a verb
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        session = STATE.session
-        if session is not None:
-            session.end_step(last=self.last, failed=exc_type is not None)
+        end_step(last=self.last, failed=exc_type is not None)

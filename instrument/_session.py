@@ -8,120 +8,60 @@ its own failures: one warning per kind of failure, a counter, and training goes 
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
-import signal
-import statistics
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from contextvars import ContextVar
 from datetime import timedelta
 from pathlib import Path
-from types import FrameType
-from typing import Any, Protocol
+from typing import Any
 
 from instrument import naming
 from instrument import ranks as _ranks
 from instrument._finish import hook_environment, run_finish_hook
 from instrument._manifest import Manifest, TraceRecord
-from instrument.backends import TraceSpec
+from instrument._process import (
+    detect_rank_and_world,
+    install_process_hooks,
+    install_usr1,
+    keep_cupti_for_torch,
+    terminate_now,
+)
+from instrument._state import STATE
+from instrument._triggers import Triggers
+from instrument.backends import Publish, Recorder, Recorders, Report, TraceSpec, recorder_class
 from instrument.config import ProfilerConfig
 
-__all__ = ["STATE", "Session", "current_session", "detect_rank_and_world", "start_session"]
+__all__ = ["STATE", "Session", "detect_rank_and_world", "start_session"]
 
 logger = logging.getLogger("instrument")
 
 
-class Backend(Protocol):
-    """What the session needs from a backend (see ``instrument/backends``)."""
-
-    tool: str
-    windows_saved: int  # traces (or capture ranges) saved since the last start
-    stage_range_in_windows: bool  # whether a windowed stage also gets a stage range
-
-    def on_step(self, role: str, step: int) -> None: ...
-    @property
-    def tracing(self) -> bool: ...
-    def start(self, spec: TraceSpec) -> None: ...
-    def window_step(self) -> None: ...
-    def stop(self) -> None: ...
-    def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]: ...
-    def flush(self) -> list[TraceRecord]: ...
-    def close(self) -> list[TraceRecord]: ...
+RECORDER_OVERRIDE: list[Callable[..., Any]] = []
+"""Recorder factories that replace the configured tool's (``instrument.testing.capture`` sets it)."""
 
 
-class _State:
-    """The flags the hot path reads."""
+def is_last_step(config: ProfilerConfig, step: int, *, last: bool) -> bool:
+    """Whether the run's profiling ends after ``step``: ``last``, or the last configured step.
 
-    __slots__ = ("engaged", "recording", "session")
-
-    def __init__(self) -> None:
-        self.recording = False  # a profiled step is open on this rank
-        self.engaged = False  # recording, or stage metrics on: decorated calls take the slow path
-        self.session: Session | None = None
-
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        # Decorated methods hold this object in their closure, and Ray pickles worker classes
-        # by value: unpickling must give the receiving process's own state, not a frozen copy.
-        return (_process_state, ())
+    With triggers or on-demand profiling a step nobody planned may still come: then only
+    ``last`` (or ``finish()``) ends the run. The Ray controller uses the same rule.
+    """
+    may_trigger = config.trigger is not None or config.on_demand
+    return last or (not may_trigger and config.steps is not None and step >= config.steps[-1])
 
 
-STATE = _State()
+def configured_recorder(publish: Publish, report: Report, *, tool: str) -> Recorder:
+    """The recorder the configuration names, from the registry."""
+    recorder: Recorder = recorder_class(tool)(publish, report)
+    return recorder
+
 
 _PEER_TIMEOUT_S = 120.0
 """How long ranks wait for each other before the finish hook runs anyway."""
-
-
-def _process_state() -> _State:
-    return STATE
-
-
-def current_session() -> Session | None:
-    """The session of this process, if ``configure`` was called."""
-    return STATE.session
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    if value is None or not value.strip():
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        logger.warning("instrument: ignoring %s=%r: not an integer", name, value)
-        return None
-
-
-def detect_rank_and_world() -> tuple[int, int, str]:
-    """Global rank, world size and where they came from.
-
-    In order: an initialised ``torch.distributed`` (only if torch is already imported: this
-    never imports torch), torchrun's ``RANK`` / ``WORLD_SIZE``, Ray Train's context (if Ray
-    is imported and a Train session is running), else rank 0 of 1.  Ray actors outside Ray
-    Train pass their place in the worker group to ``configure`` (the Ray integration does).
-    """
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None:
-        try:
-            if dist.is_available() and dist.is_initialized():
-                return int(dist.get_rank()), int(dist.get_world_size()), "torch.distributed"
-        except Exception as exc:  # a half-initialised process group
-            logger.debug("instrument: torch.distributed rank unavailable: %s", exc)
-    rank, world = _env_int("RANK"), _env_int("WORLD_SIZE")
-    if rank is not None and world is not None:
-        return rank, world, "RANK/WORLD_SIZE"
-    train = sys.modules.get("ray.train")
-    if train is not None:
-        try:
-            context = train.get_context()
-            return int(context.get_world_rank()), int(context.get_world_size()), "ray.train"
-        except Exception as exc:  # not inside a Ray Train worker
-            logger.debug("instrument: no Ray Train context: %s", exc)
-    return 0, 1, "default"
 
 
 class _Frame:
@@ -173,7 +113,7 @@ class Session:
         self.hook_ran = False
         self.auto_finish_hook = True  # False when a controller decides when and where the hook runs
         self.finished = False
-        self._backend: Backend | None = None
+        self._backend: Recorder | None = None
         # One trace at a time per process (torch.profiler crashes when two threads drive it).
         # The stage that opens a trace owns it; stages of other threads or tasks entered while it
         # is open are ranges in it ("guests"). The trace stops when its owner and every guest have
@@ -192,13 +132,8 @@ class Session:
         self._never_recorded: set[str] = set()
         self._specs: dict[tuple[str, int | None, bool, bool], TraceSpec] = {}
         self.step_triggered = False
-        self.triggered_steps: list[int] = []
-        self._pending_triggered = 0
-        self._signal_requested = False
-        self._trigger_file_seen: tuple[int, int] | None = None
-        self._cap_reported = False
+        self.triggers = Triggers(config, rank)
         self._step_started = 0.0
-        self._durations: deque[float] = deque(maxlen=config.trigger.window if config.trigger else 1)
         self.metrics: Any = None
         if config.metrics:
             try:
@@ -221,7 +156,7 @@ class Session:
         self._holder = held
         self._lock.release()
         if self.terminate_pending and not held:
-            _terminate_now(self)
+            terminate_now(self)
 
     def holds_lock_in_this_thread(self) -> bool:
         """Whether this thread is inside one of the session's guarded sections."""
@@ -257,23 +192,25 @@ class Session:
 
     # ------------------------------------------------------------------ backend
 
-    def _ensure_backend(self) -> Backend | None:
+    def _ensure_backend(self) -> Recorder | None:
         if self._backend is not None or self._backend_failed:
             return self._backend
         try:
             Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
-            if self.config.tool == "nvtx":
-                from instrument.backends.nvtx import NvtxBackend
-
-                self._backend = NvtxBackend(self._manifest, self._fail)
-            else:
-                from instrument.backends.torch import TorchBackend
-
-                self._backend = TorchBackend(self._manifest, self._fail)
+            factories = RECORDER_OVERRIDE or [configured_recorder]
+            recorders = [factory(self._publish, self._fail, tool=self.config.tool) for factory in factories]
+            self._backend = recorders[0] if len(recorders) == 1 else Recorders(recorders)
         except Exception as exc:
             self._backend_failed = True
             self._fail(f"cannot profile into {self.config.save_path!r}", exc)
         return self._backend
+
+    def _publish(self, record: TraceRecord) -> None:
+        """A recorder saved a complete file (any thread): list it in the manifest and the run."""
+        self.records.append(record)
+        if self.metrics is not None:
+            self.metrics.bytes.inc(record.bytes)
+        self._manifest.append(record)
 
     def _spec(self, stage: str, schedule: Any = None) -> TraceSpec:
         key = (stage, self.step, schedule is not None, self.step_triggered)
@@ -309,7 +246,7 @@ class Session:
             self.step = step
             self._step_started = time.perf_counter()
             planned = self.profiles_rank and self.config.profiles_step(step)
-            self.step_triggered = not planned and self._triggered_now(step)
+            self.step_triggered = not planned and not self.finished and self.triggers.wanted(step)
             self.step_profiled = not self.finished and (planned or self.step_triggered)
             if not self.step_profiled:
                 return
@@ -318,8 +255,6 @@ class Session:
                 self.step_profiled = False
                 return
             self.profiled_steps.append(step)
-            if self.step_triggered:
-                self.triggered_steps.append(step)
             backend.on_step(self.role, step)
             if not self.config.discrete and self._may_start(naming.CONTINUOUS_STAGE):
                 backend.start(self._spec(naming.CONTINUOUS_STAGE))
@@ -345,10 +280,7 @@ class Session:
             self.step_profiled = False
         finally:
             self._release(held)
-        steps = self.config.steps
-        # With triggers a step nobody planned may still come: only `last` or finish() ends the run.
-        may_trigger = self.config.trigger is not None or self.config.on_demand
-        after_last = last or (not may_trigger and steps is not None and step is not None and step >= steps[-1])
+        after_last = step is not None and is_last_step(self.config, step, last=last)
         if after_last and self.auto_finish_hook and self._hook_pending():
             self.wait_for_exports()
             if not failed:
@@ -404,43 +336,14 @@ class Session:
 
     # ------------------------------------------------------------------ on-demand profiling and metrics
 
-    def _triggered_now(self, step: int) -> bool:
-        """Whether a trigger asks for this step (slow step, SIGUSR1, the trigger file), within the cap."""
-        if not self.config.active:
-            return False
-        wanted = self._pending_triggered > 0 or self._signal_requested or self._trigger_file_appeared()
-        if not wanted:
-            return False
-        self._signal_requested = False
-        self._pending_triggered = max(0, self._pending_triggered - 1)
-        if len(self.triggered_steps) >= self.config.max_triggered:
-            if not self._cap_reported:
-                self._cap_reported = True
-                logger.warning(
-                    "instrument: %d triggered steps already profiled (max_triggered); step %d is not",
-                    len(self.triggered_steps),
-                    step,
-                )
-            return False
-        logger.info("instrument: profiling step %d on demand (rank %d)", step, self.rank)
-        return True
-
-    def _trigger_file_appeared(self) -> bool:
-        if not self.config.on_demand:
-            return False
-        try:
-            st = os.stat(os.path.join(self.config.save_path, TRIGGER_FILE))
-        except OSError:
-            return False
-        seen = (st.st_ino, st.st_mtime_ns)
-        if seen == self._trigger_file_seen:
-            return False  # each file (or touch of it) triggers once per process
-        self._trigger_file_seen = seen
-        return True
+    @property
+    def triggered_steps(self) -> list[int]:
+        """Steps profiled on demand so far."""
+        return self.triggers.granted
 
     def request_profile(self) -> None:
         """Profile the next step (what SIGUSR1 does); async-signal-safe: it only sets a flag."""
-        self._signal_requested = True
+        self.triggers.signal_requested = True
 
     def _after_step(self, step: int | None, *, profiled: bool) -> None:
         """Step metrics and the slow-step trigger (profiled steps are slower by design: not compared)."""
@@ -451,25 +354,8 @@ class Session:
             if self.metrics is not None:
                 self.metrics.step.observe(seconds)
                 self.metrics.steps.inc()
-            trigger = self.config.trigger
-            if trigger is not None and not profiled:
-                history = self._durations
-                if len(history) == history.maxlen:
-                    median = statistics.median(history)
-                    if seconds > trigger.factor * median:
-                        self._pending_triggered = trigger.steps
-                        logger.warning(
-                            "instrument: step %d took %.3f s, over %.1f x the median %.3f s of the last %d: "
-                            "profiling the next %d step(s) on rank %d",
-                            step,
-                            seconds,
-                            trigger.factor,
-                            median,
-                            len(history),
-                            trigger.steps,
-                            self.rank,
-                        )
-                history.append(seconds)
+            if not profiled:
+                self.triggers.step_took(step, seconds)
         except Exception as exc:
             self._fail("could not record step metrics", exc)
 
@@ -588,16 +474,11 @@ class Session:
 
     # ------------------------------------------------------------------ the end
 
-    def _add_records(self, records: list[TraceRecord]) -> None:
-        self.records.extend(records)
-        if self.metrics is not None and records:
-            self.metrics.bytes.inc(sum(record.bytes for record in records))
-
     def wait_for_exports(self) -> None:
         """Block until every trace this process saved so far is on disk."""
         if self._backend is not None:
             try:
-                self._add_records(self._backend.flush())
+                self._backend.flush()
             except Exception as exc:
                 self._fail("could not finish exporting traces", exc)
 
@@ -639,7 +520,7 @@ class Session:
             self._stop_trace("could not flush traces")
             if self._backend is not None:
                 try:
-                    self._add_records(self._backend.close())
+                    self._backend.close()
                 except Exception as exc:
                     self._fail("could not flush traces", exc)
         finally:
@@ -672,131 +553,6 @@ class Session:
 
 # ---------------------------------------------------------------------- process-wide wiring
 
-_previous_sigterm: Any = None
-_sigterm_installed = False
-_atexit_registered = False
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    previous = _previous_sigterm
-    if callable(previous):
-        # The user's handler decides what SIGTERM means (often: set a flag, stop gracefully);
-        # traces are saved when the run ends (finish() or exit), never from inside a handler.
-        previous(signum, frame)
-        return
-    if previous == signal.SIG_IGN:
-        return
-    session = STATE.session
-    if session is not None and session.holds_lock_in_this_thread():
-        # Interrupted inside one of our own profiler calls: stopping or exporting now could
-        # re-enter torch.profiler mid-call. The call ends the process when it returns.
-        session.terminate_pending = True
-        return
-    _terminate_now(session)
-
-
-def _terminate_now(session: Session | None) -> None:
-    """Save what is open, then die of SIGTERM as the default disposition would."""
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # more SIGTERMs while saving must not recurse
-    if session is not None:
-        session.terminate_pending = False
-        session.flush()
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _forget_parent_run() -> None:
-    """After ``fork()`` the child starts unconfigured: its own ``configure`` starts its own run."""
-    session = STATE.session
-    if session is not None:
-        session.forget_after_fork()
-    STATE.session = None
-    STATE.recording = STATE.engaged = False
-
-
-os.register_at_fork(after_in_child=_forget_parent_run)
-
-
-def _at_exit() -> None:
-    session = STATE.session
-    if session is not None:
-        session.finish()
-
-
-def _install_process_hooks() -> None:
-    global _previous_sigterm, _sigterm_installed, _atexit_registered
-    if not _atexit_registered:
-        atexit.register(_at_exit)
-        _atexit_registered = True
-    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
-        try:
-            _previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
-            _sigterm_installed = True
-        except (ValueError, OSError) as exc:  # not the main interpreter, or signals unavailable
-            logger.debug("instrument: no SIGTERM handler: %s", exc)
-
-
-TRIGGER_FILE = "PROFILE_NEXT_STEP"
-"""Creating ``save_path/PROFILE_NEXT_STEP`` makes every process (with ``on_demand``) profile its next step."""
-
-_previous_usr1: Any = None
-_usr1_installed = False
-
-
-def _on_usr1(signum: int, frame: FrameType | None) -> None:
-    session = STATE.session
-    if session is not None:
-        session.request_profile()
-    if callable(_previous_usr1):
-        _previous_usr1(signum, frame)
-
-
-def _install_usr1() -> None:
-    global _previous_usr1, _usr1_installed
-    if _usr1_installed or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        _previous_usr1 = signal.signal(signal.SIGUSR1, _on_usr1)
-        _usr1_installed = True
-    except (ValueError, OSError, AttributeError) as exc:
-        logger.warning("instrument: on_demand: no SIGUSR1 handler in this process: %s", exc)
-
-
-def uninstall_process_hooks() -> None:
-    """Restore the SIGTERM handler found at install time (tests)."""
-    global _sigterm_installed, _usr1_installed
-    if threading.current_thread() is not threading.main_thread():
-        return
-    if _sigterm_installed:
-        signal.signal(signal.SIGTERM, _previous_sigterm if _previous_sigterm is not None else signal.SIG_DFL)
-        _sigterm_installed = False
-    if _usr1_installed:
-        signal.signal(signal.SIGUSR1, _previous_usr1 if _previous_usr1 is not None else signal.SIG_DFL)
-        _usr1_installed = False
-
-
-NVTX_INJECTION_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
-KEEP_NVTX_INJECTION = "INSTRUMENT_KEEP_NVTX_INJECTION"
-"""Set to 1 to keep an NVTX injection library even under ``tool="torch"`` with CUDA."""
-
-
-def _keep_cupti_for_torch(config: ProfilerConfig) -> None:
-    """Under torch.profiler with CUDA, drop NVTX injection (nsys): both want CUPTI, and torch loses its kernels.
-
-    Takes effect for NVTX calls that have not happened yet in this process (the tool is chosen
-    at the first call), so ``configure`` should run before CUDA work.
-    """
-    if config.tool != "torch" or "cuda" not in config.contents or os.environ.get(KEEP_NVTX_INJECTION) == "1":
-        return
-    removed = [name for name in NVTX_INJECTION_VARIABLES if os.environ.pop(name, None) is not None]
-    if removed:
-        logger.warning(
-            "instrument: tool='torch' with CUDA: removed %s from this process's environment so torch.profiler "
-            "keeps CUPTI (kernels in the trace); set %s=1 to keep NVTX injection",
-            ", ".join(removed),
-            KEEP_NVTX_INJECTION,
-        )
-
 
 def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_size: int | None) -> Session:
     """Validate and install a new session for this process."""
@@ -814,7 +570,7 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         _ranks.validate_ranks(config.ranks, world_size)
     if config.finish_hook is not None and not config.finish_hook.all_ranks:
         _ranks.validate_ranks(config.finish_hook.ranks, world_size, field="finish_hook.ranks")
-    _keep_cupti_for_torch(config)
+    keep_cupti_for_torch(config)
     previous = STATE.session
     if previous is not None and not previous.finished:
         logger.warning("instrument: configure() called while a run was open; finishing that run first")
@@ -824,6 +580,6 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
     STATE.engaged = session.metrics is not None
     STATE.session = session
     if config.on_demand:
-        _install_usr1()
-    _install_process_hooks()
+        install_usr1()
+    install_process_hooks()
     return session

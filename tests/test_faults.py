@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import instrument as ins
+import instrument.testing
 
 
 @ins.profiled_stage("compute_log_prob")
@@ -34,7 +35,7 @@ def test_save_path_removed_mid_run_makes_the_trace_handler_fail_once(
     )
     with ins.profile_step(1):
         forward()
-    session.wait_for_exports()
+    ins.testing.wait_for_exports()
     kept = list(save.glob("*.pt.trace.json.gz"))
     assert len(kept) == 1
     moved = tmp_path / "kept"
@@ -82,8 +83,8 @@ def test_full_disk_keeps_training_going(tmp_path: Path) -> None:
 
 def test_stop_without_start_and_finish_twice(tmp_path: Path) -> None:
     session = ins.configure(ins.ProfilerConfig(save_path=str(tmp_path)), role="actor", rank=0, world_size=1)
-    session.end_step()  # no step open
-    session.end_step(last=True)
+    ins.end_step()  # no step open
+    ins.end_step(last=True)
     assert ins.finish() == []
     assert ins.finish() == []
     assert session.failures == 0

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 import instrument as ins
+import instrument.testing
 from instrument._manifest import manifest_name, read_manifests
 from instrument.naming import SCRATCH_PREFIX, parse_trace_name
 
@@ -306,7 +307,7 @@ def test_full_disk_never_leaves_a_truncated_trace_under_a_visible_name(tmp_path:
     done = _run_script(
         f"""
         import logging, resource, signal, torch
-        import instrument as ins
+        import instrument as ins, instrument.testing
         logging.basicConfig(level=logging.WARNING)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         session = ins.configure(ins.ProfilerConfig(save_path={str(tmp_path)!r}, contents=("cpu",), steps=(1, 2)),
@@ -323,7 +324,7 @@ def test_full_disk_never_leaves_a_truncated_trace_under_a_visible_name(tmp_path:
 
         with ins.profile_step(1):
             small()
-        session.wait_for_exports()
+        ins.testing.wait_for_exports()
         resource.setrlimit(resource.RLIMIT_FSIZE, (200_000, 200_000))  # the big trace is ~MBs
         with ins.profile_step(2):
             big()

@@ -113,7 +113,8 @@ def test_tp2_keeps_only_the_selected_rank_of_the_replica(
     assert {r.rank for r in moved if r.stage == "engine"} == {1}
     left = sorted(p.name for p in (tmp_path / "vllm-prof" / "replica0").glob("*rank0*"))
     assert any(n.endswith(".pt.trace.json.gz") for n in left), left  # the TP peer stayed where it was
-    print(f"\n[tp2] ready {ready:.1f} s, total {time.monotonic() - started:.1f} s; {_sizes([str(save / r.path) for r in moved])}")
+    sizes = _sizes([str(save / r.path) for r in moved])
+    print(f"\n[tp2] ready {ready:.1f} s, total {time.monotonic() - started:.1f} s; {sizes}")
 
 
 class _Router(http.server.BaseHTTPRequestHandler):

@@ -22,8 +22,7 @@ from typing import Any
 import nvtx  # type: ignore[import-untyped]
 
 from instrument import naming
-from instrument._manifest import Manifest, TraceRecord
-from instrument.backends import TraceSpec
+from instrument.backends import Publish, Report, TraceSpec
 from instrument.schedule import Action, action_at
 
 __all__ = ["CUDA_PROFILER", "DOMAIN", "NvtxBackend", "stage_color"]
@@ -96,9 +95,8 @@ class NvtxBackend:
     tool = "nvtx"
     stage_range_in_windows = True  # NVTX ranges do not depend on the capture range being open
 
-    def __init__(self, manifest: Manifest, report: Callable[[str, BaseException], None]) -> None:
-        self._manifest = manifest
-        self._report = report
+    def __init__(self, publish: Publish, report: Report) -> None:
+        self._report = report  # nsys writes the report, not this process: nothing is published here
         self._domain = nvtx.get_domain(DOMAIN)
         self._attributes: dict[tuple[str, int], Any] = {}
         self._role = "worker"
@@ -191,11 +189,9 @@ class NvtxBackend:
             self._capture(False)
             self._spec = None
 
-    def flush(self) -> list[TraceRecord]:
+    def flush(self) -> None:
         """Nothing is exported in-process: nsys writes the report."""
-        return []
 
-    def close(self) -> list[TraceRecord]:
+    def close(self) -> None:
         """Close whatever is open."""
         self.stop()
-        return []

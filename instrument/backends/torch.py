@@ -19,7 +19,7 @@ import queue
 import tempfile
 import threading
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,8 @@ import torch
 import torch.profiler
 
 from instrument import naming
-from instrument._manifest import Manifest, TraceRecord
-from instrument.backends import TraceSpec
+from instrument._manifest import TraceRecord
+from instrument.backends import Publish, Report, TraceSpec
 from instrument.naming import SCRATCH_PREFIX, TRACE_SUFFIX
 from instrument.schedule import Action, action_at, window_of
 
@@ -95,8 +95,8 @@ class TorchBackend:
     def on_step(self, role: str, step: int) -> None:
         """A step begins (torch needs nothing: every trace is opened by :meth:`start`)."""
 
-    def __init__(self, manifest: Manifest, report: Callable[[str, BaseException], None]) -> None:
-        self._manifest = manifest
+    def __init__(self, publish: Publish, report: Report) -> None:
+        self._publish_record = publish
         self._report = report
         self._profile: _Profile | None = None
         self._spec: TraceSpec | None = None
@@ -104,8 +104,6 @@ class TorchBackend:
         self._cuda_warned = False
         self._jobs: queue.Queue[_Export | None] = queue.Queue()
         self._worker: threading.Thread | None = None
-        self._done: list[TraceRecord] = []
-        self._done_lock = threading.Lock()
         self._scratch_dirs: dict[str, Path] = {}
         self.windows_saved = 0
 
@@ -166,12 +164,6 @@ class TorchBackend:
         finally:
             self._stopping = False
             self._spec = None
-
-    @contextlib.contextmanager
-    def range(self, name: str) -> Iterator[None]:
-        """A named range (a CPU event) in the open trace."""
-        with _FastRange(name) if _FastRange is not None else torch.autograd.profiler.record_function(name):
-            yield
 
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
         """Open a range now; the returned function closes it (cheaper than a generator context)."""
@@ -292,9 +284,7 @@ class TorchBackend:
             tool=self.tool,
             triggered=job.spec.triggered,
         )
-        with self._done_lock:
-            self._done.append(record)
-        self._manifest.append(record)
+        self._publish_record(record)
 
     def _publish(self, job: _Export, pack: Callable[[Path], Path] | None) -> Path:
         """Link ``pack(final name)`` (or, with ``pack=None``, the plain JSON) under a free final name."""
@@ -308,20 +298,17 @@ class TorchBackend:
                 return final
         raise FileExistsError(f"no free trace name in {job.spec.save_path} after {_EXCLUSIVE_ATTEMPTS} attempts")
 
-    def flush(self) -> list[TraceRecord]:
-        """Wait for pending exports; return the records written since the last flush."""
+    def flush(self) -> None:
+        """Wait for pending exports (each was published as it finished)."""
         if self._worker is not None and self._worker.is_alive():
             self._jobs.join()
-        with self._done_lock:
-            done, self._done = self._done, []
-        return done
 
-    def close(self) -> list[TraceRecord]:
+    def close(self) -> None:
         """Stop any open trace, finish exports and end the export thread."""
         try:
             self.stop()
         finally:
-            done = self.flush()
+            self.flush()
             if self._worker is not None and self._worker.is_alive():
                 self._jobs.put(None)
                 self._worker.join(timeout=5)
@@ -330,7 +317,6 @@ class TorchBackend:
                 with contextlib.suppress(OSError):
                     scratch.rmdir()  # empty unless a failure left something worth a look
             self._scratch_dirs.clear()
-        return done
 
 
 def _complete_tail(json_path: Path) -> bytes:

@@ -24,7 +24,7 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 import instrument
-from instrument._session import STATE
+from instrument._session import STATE, is_last_step
 from instrument.backends.nsys import nsys_runtime_env
 from instrument.config import ProfilerConfig
 
@@ -46,21 +46,17 @@ class ProfiledWorker:
 
     def start_profile(self, step: int) -> bool:
         """Open RL step ``step`` in this worker; returns whether this worker records it."""
-        session = STATE.session
-        if session is None:
-            return False
-        session.begin_step(step)
-        return session.step_profiled
+        return instrument.begin_step(step)
 
     def stop_profile(self, step: int, last: bool = False) -> int:
         """Close RL step ``step``; ``last`` runs the finish hook unless a controller owns it. Returns the rank."""
-        session = STATE.session
-        if session is None:
+        run = instrument.current_run()
+        if run is None:
             return -1
-        if session.step != step and session.step is not None:
-            logger.warning("instrument: stop_profile(%d) while step %s is open; closing it", step, session.step)
-        session.end_step(last=last)
-        return session.rank
+        if run.step != step and run.step is not None:
+            logger.warning("instrument: stop_profile(%d) while step %s is open; closing it", step, run.step)
+        instrument.end_step(last=last)
+        return run.rank
 
     def yield_finish_hook(self) -> None:
         """Let the controller decide when and where the finish hook runs."""
@@ -86,8 +82,8 @@ class ProfiledWorker:
 
     def profile_rank(self) -> int:
         """This worker's global rank as configured, or -1 before ``configure``."""
-        session = STATE.session
-        return -1 if session is None else session.rank
+        run = instrument.current_run()
+        return -1 if run is None else run.rank
 
 
 @dataclass(frozen=True)
@@ -184,17 +180,22 @@ class ProfileController:
             failure.error,
         )
 
+    def _drives(self, step: int) -> bool:
+        # Stage metrics and triggers need every step's boundaries on the workers; without them
+        # only profiled steps are worth two remote calls per worker.
+        config = self.config
+        return config.metrics or config.trigger is not None or config.on_demand or config.profiles_step(step)
+
     def start(self, step: int) -> None:
-        """Open step ``step`` on every worker if the configuration profiles it."""
-        if self.config.profiles_step(step):
+        """Open step ``step`` on every worker (every step with metrics or triggers, else profiled steps only)."""
+        if self._drives(step):
             self._call("start_profile", step)
 
     def stop(self, step: int, *, last: bool = False) -> None:
-        """Close step ``step``; after the last step (``last``, or the last configured one) run the finish hook."""
-        if self.config.profiles_step(step):
+        """Close step ``step``; after the last step run the finish hook (the same rule as a single process)."""
+        if self._drives(step):
             self._call("stop_profile", step, False)
-        steps = self.config.steps
-        if last or (steps is not None and step >= steps[-1]):
+        if is_last_step(self.config, step, last=last):
             self._run_finish_hook()
 
     def _run_finish_hook(self) -> None:
