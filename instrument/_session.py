@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from instrument import naming
 from instrument import ranks as _ranks
-from instrument._finish import hook_environment, run_finish_hook
+from instrument._coordinator import FinishCoordinator
 from instrument._manifest import Manifest, TraceRecord
 from instrument._process import (
     detect_rank_and_world,
@@ -30,6 +27,7 @@ from instrument._process import (
     keep_cupti_for_torch,
     terminate_now,
 )
+from instrument._stages import StageTracing, _Frame
 from instrument._state import STATE
 from instrument._triggers import Triggers
 from instrument.backends import Publish, Recorder, Recorders, Report, TraceSpec, recorder_class
@@ -60,44 +58,7 @@ def configured_recorder(publish: Publish, report: Report, *, tool: str) -> Recor
     return recorder
 
 
-_PEER_TIMEOUT_S = 120.0
-"""How long ranks wait for each other before the finish hook runs anyway."""
-
-
-class _Frame:
-    """One open stage (slots, no dataclass: built once per stage call on profiled steps)."""
-
-    __slots__ = (
-        "close_range",
-        "close_window",
-        "concurrent",
-        "mini_batches",
-        "name",
-        "scheduled",
-        "trace",
-        "traced",
-        "window_open",
-        "windowed",
-    )
-
-    def __init__(self, name: str, scheduled: bool, concurrent: bool = False) -> None:
-        self.name = name
-        self.scheduled = scheduled
-        self.concurrent = concurrent
-        self.traced = False  # this frame opened the trace (its owner)
-        self.trace = -1  # the trace (generation) this frame's range lies in; -1: none
-        self.windowed = False
-        self.close_range: Callable[[], None] | None = None
-        self.mini_batches = 0
-        self.window_open = False
-        self.close_window: Callable[[], None] | None = None
-
-
-_STAGES: ContextVar[tuple[_Frame, ...]] = ContextVar("instrument_stages", default=())
-"""The open stages of this thread or asyncio task, innermost last (each context its own)."""
-
-
-class Session:
+class Session(StageTracing):
     """One run of one process: what it profiles, what it wrote, and its finish hook."""
 
     def __init__(self, config: ProfilerConfig, *, role: str, rank: int, world_size: int) -> None:
@@ -110,8 +71,6 @@ class Session:
         self.step_profiled = False
         self.profiled_steps: list[int] = []
         self.records: list[TraceRecord] = []
-        self.hook_ran = False
-        self.auto_finish_hook = True  # False when a controller decides when and where the hook runs
         self.finished = False
         self._backend: Recorder | None = None
         # One trace at a time per process (torch.profiler crashes when two threads drive it).
@@ -135,6 +94,7 @@ class Session:
         self.triggers = Triggers(config, rank)
         self._step_started = 0.0
         self.metrics: Any = None
+        self.hook = FinishCoordinator(config, role=role, rank=rank, world_size=world_size, fail=self._fail)
         if config.metrics:
             try:
                 from instrument.metrics import StageMetrics
@@ -281,58 +241,11 @@ class Session:
         finally:
             self._release(held)
         after_last = step is not None and is_last_step(self.config, step, last=last)
-        if after_last and self.auto_finish_hook and self._hook_pending():
+        if after_last and self.hook.automatic and self.hook.pending:
             self.wait_for_exports()
             if not failed:
-                self._meet_peers()
+                self.hook.meet_peers()
             self.run_finish_hook()
-
-    def _may_start(self, stage: str) -> bool:
-        """Whether a new trace may open (caller holds the lock): not while ranges of a stopped one are open."""
-        if self._stale == 0:
-            return True
-        self._fail(
-            "a trace did not start",
-            RuntimeError(
-                f"stage {stage!r} at step {self.step} is not traced: {self._stale} stage(s) of an earlier trace "
-                "are still running in other threads or tasks (a trace opens only when they have ended)"
-            ),
-        )
-        return False
-
-    def _stop_trace(self, what: str) -> None:
-        """Stop the open trace (caller holds the lock); guests still inside it become stale."""
-        backend, owner = self._backend, self._owner
-        self._trace += 1
-        self._stale += self._guests + (1 if owner is not None and not self._owner_left else 0)
-        self._owner, self._owner_left, self._guests = None, False, 0
-        if backend is None or not backend.tracing:
-            return
-        try:
-            backend.stop()
-            if self.metrics is not None:
-                self.metrics.windows.inc(backend.windows_saved)
-            if owner is not None and owner.windowed and backend.windows_saved == 0:
-                self._report_never_recorded(owner)
-        except Exception as exc:
-            self._fail(what, exc)
-
-    def _hook_pending(self) -> bool:
-        return not self.hook_ran and self.config.finish_hook is not None and self.config.active
-
-    def _meet_peers(self) -> None:
-        """Wait for the other torch.distributed ranks, so the hook sees their traces on disk too."""
-        dist = sys.modules.get("torch.distributed")
-        try:
-            if dist is None or not dist.is_available() or not dist.is_initialized():
-                return
-            timeout = timedelta(seconds=_PEER_TIMEOUT_S)
-            if dist.get_backend() == "gloo":
-                dist.monitored_barrier(timeout=timeout)
-            else:
-                dist.barrier(async_op=True).wait(timeout=timeout)
-        except Exception as exc:  # a dead or late rank: run the hook on what is there
-            self._fail("ranks did not meet before the finish hook", exc)
 
     # ------------------------------------------------------------------ on-demand profiling and metrics
 
@@ -366,112 +279,6 @@ class Session:
         except Exception as exc:
             self._fail("could not record stage metrics", exc)
 
-    # ------------------------------------------------------------------ stages and windows
-
-    def enter_stage(self, name: str, scheduled: bool, *, concurrent: bool = False) -> _Frame:
-        """A stage begins inside a profiled step; ``concurrent`` for coroutines (ranges not per thread)."""
-        frame = _Frame(name, scheduled, concurrent)
-        _STAGES.set((*_STAGES.get(), frame))
-        backend = self._backend
-        if backend is None:
-            return frame
-        held = self._acquire()
-        try:
-            if backend.tracing:  # another stage's trace (or the step's): a range in it
-                self._guests += 1
-                frame.trace = self._trace
-            elif self.config.discrete and self.step_profiled and self._may_start(name):
-                windowed = scheduled and self.config.schedule is not None
-                backend.start(self._spec(name, self.config.schedule if windowed else None))
-                frame.traced, frame.windowed, frame.trace = True, windowed, self._trace
-                self._owner = frame
-        except Exception as exc:
-            self._fail(f"could not start stage {name!r}", exc)
-        finally:
-            self._release(held)
-        if frame.trace >= 0 and (not frame.windowed or backend.stage_range_in_windows):
-            try:
-                frame.close_range = backend.enter_range(name, concurrent=concurrent)
-            except Exception as exc:
-                self._fail(f"could not start stage {name!r}", exc)
-        return frame
-
-    def exit_stage(self, frame: _Frame) -> None:
-        """The stage of ``frame`` ends (also when it raised)."""
-        stack = _STAGES.get()
-        if stack and stack[-1] is frame:
-            _STAGES.set(stack[:-1])
-        elif frame in stack:
-            _STAGES.set(tuple(f for f in stack if f is not frame))
-        if frame.trace < 0:
-            return
-        try:
-            if frame.close_range is not None:
-                frame.close_range()
-        except Exception as exc:
-            self._fail(f"could not close the range of stage {frame.name!r}", exc)
-        held = self._acquire()
-        try:
-            if frame.trace != self._trace:
-                self._stale -= 1  # its trace was stopped under it (end of step, SIGTERM, finish)
-            else:
-                if frame is self._owner:
-                    self._owner_left = True
-                else:
-                    self._guests -= 1
-                if self._owner_left and self._guests == 0:
-                    owner = self._owner.name if self._owner is not None else frame.name
-                    self._stop_trace(f"could not save the trace of stage {owner!r}")
-        finally:
-            self._release(held)
-
-    def _report_never_recorded(self, frame: _Frame) -> None:
-        if frame.name in self._never_recorded:
-            return
-        self._never_recorded.add(frame.name)
-        logger.warning(
-            "instrument: stage %r ran %d mini-batches at step %s but its schedule %s recorded none; "
-            "nothing was written (see `instrument plan`)",
-            frame.name,
-            frame.mini_batches,
-            self.step,
-            self.config.schedule,
-        )
-
-    def enter_window(self, mini_batch: int) -> tuple[_Frame | None, Callable[[], None] | None]:
-        """A mini-batch begins in this context's innermost stage: record its range."""
-        stack = _STAGES.get()
-        frame = stack[-1] if stack else None
-        backend = self._backend
-        if backend is None or frame is None or frame.trace != self._trace:
-            return frame, None
-        close = None
-        try:
-            close = backend.enter_range(f"mini_batch{mini_batch}", concurrent=frame.concurrent)
-        except Exception as exc:
-            self._fail("could not record a mini-batch range", exc)
-        frame.window_open, frame.close_window = True, close
-        return frame, close
-
-    def exit_window(self, frame: _Frame | None, close_range: Callable[[], None] | None) -> None:
-        """A mini-batch ends: close its range and, in a scheduled stage's trace, advance the schedule."""
-        try:
-            if close_range is not None:
-                close_range()
-            if frame is None:
-                return
-            frame.window_open, frame.close_window = False, None
-            frame.mini_batches += 1
-            if frame.windowed and frame is self._owner and self._backend is not None:
-                held = self._acquire()
-                try:
-                    if frame is self._owner:  # still its trace: not stopped under it meanwhile
-                        self._backend.window_step()
-                finally:
-                    self._release(held)
-        except Exception as exc:
-            self._fail("could not advance the mini-batch schedule", exc)
-
     # ------------------------------------------------------------------ the end
 
     def wait_for_exports(self) -> None:
@@ -484,30 +291,11 @@ class Session:
 
     def run_finish_hook(self) -> None:
         """Run the finish command once, on the chosen ranks, after every trace is on disk."""
-        hook = self.config.finish_hook
-        with self._lock:
-            if self.hook_ran or hook is None or not self.config.active:
-                return
-            self.hook_ran = True
-        if not (hook.all_ranks or self.rank in hook.ranks):
-            return
-        self.wait_for_exports()
-        try:
-            env = hook_environment(
-                save_path=self.config.save_path,
-                tool=self.config.tool,
-                role=self.role,
-                rank=self.rank,
-                world_size=self.world_size,
-                pid=os.getpid(),
-                steps=sorted(set(self.profiled_steps)),
-                manifest=str(self._manifest.path.absolute()),
-            )
-            run_finish_hook(
-                hook.cmd, env=env, timeout_s=hook.timeout_s, log_prefix=f"[instrument {self.role} rank {self.rank}]"
-            )
-        except Exception as exc:
-            self._fail("could not run the finish hook", exc)
+        self.hook.run(
+            steps=self.profiled_steps,
+            manifest=str(self._manifest.path.absolute()),
+            wait_for_exports=self.wait_for_exports,
+        )
 
     def flush(self) -> None:
         """Close whatever is open and wait for exports (a SIGTERM path: no finish hook)."""
@@ -530,7 +318,7 @@ class Session:
         """In a forked child: this run belongs to the parent. Never touch its profiler, exports,
         manifest or finish hook from here (a stage the child is still inside ends as a no-op)."""
         self._backend, self._backend_failed = None, True
-        self.finished = self.hook_ran = True
+        self.finished = self.hook.ran = True
         self.metrics = None
         self._lock, self._finish_lock = threading.RLock(), threading.Lock()  # another thread may have held them
         self._holder, self.terminate_pending = 0, False
@@ -542,7 +330,7 @@ class Session:
                 if self.step is not None:
                     self.end_step()
                 self.flush()
-                if run_hook and self.auto_finish_hook:
+                if run_hook and self.hook.automatic:
                     self.run_finish_hook()
                 self.finished = True
                 self._manifest.close()

@@ -62,7 +62,7 @@ class ProfiledWorker:
         """Let the controller decide when and where the finish hook runs."""
         session = STATE.session
         if session is not None:
-            session.auto_finish_hook = False
+            session.hook.automatic = False
 
     def wait_profile_exports(self) -> None:
         """Block until this worker's traces so far are on disk."""
@@ -233,9 +233,5 @@ class ProfileController:
         return nsight_runtime_env(config, capture_ranges=capture_ranges)
 
 
-def nsight_runtime_env(config: ProfilerConfig, *, capture_ranges: int | None = None) -> dict[str, Any]:
-    """``{"nsight": {...}}`` for Ray actors: nsys records only the profiler's capture ranges.
-
-    See :func:`instrument.backends.nsys.nsys_options` for how ``capture-range-end`` is chosen.
-    """
-    return nsys_runtime_env(config, capture_ranges=capture_ranges)
+nsight_runtime_env = nsys_runtime_env
+"""``{"nsight": {...}}`` for Ray actors (Ray's own word for it): :func:`instrument.backends.nsys.nsys_runtime_env`."""
