@@ -19,7 +19,8 @@ from typing import Any, TypeVar
 
 import attrs
 
-from instrument import _verl
+from instrument import _config_file, _verl
+from instrument import ranks as _ranks
 
 __all__ = [
     "CONTENTS",
@@ -68,6 +69,14 @@ def _one_of(allowed: Sequence[str]) -> Callable[[Any, attrs.Attribute[Any], Any]
             raise ValueError(f"'{attribute.name}' must be one of {listing}: {value!r}")
 
     return check
+
+
+def _known_tool(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    from instrument.backends import registered_tools  # the registry may have grown since import
+
+    allowed = sorted({*TOOLS, *registered_tools()})
+    if value not in allowed:
+        raise ValueError(f"'{attribute.name}' must be one of {', '.join(map(repr, allowed))}: {value!r}")
 
 
 def _int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
@@ -247,7 +256,7 @@ class ProfilerConfig:
     """What to profile (steps, ranks, contents, schedule), where to write it and what to run at the end."""
 
     enable: bool = attrs.field(default=True, validator=_boolean)
-    tool: str = attrs.field(default="torch", validator=_one_of(TOOLS))
+    tool: str = attrs.field(default="torch", validator=_known_tool)
     steps: tuple[int, ...] | None = attrs.field(
         default=None, converter=_to_sorted_tuple, validator=_int_tuple(1, allow_none=True)
     )
@@ -290,7 +299,7 @@ class ProfilerConfig:
 
     def profiles_rank(self, rank: int) -> bool:
         """Whether global rank ``rank`` is profiled."""
-        return self.active and (self.all_ranks or rank in self.ranks)
+        return self.active and _ranks.is_profiled_rank(rank, self.ranks, self.all_ranks)
 
     # ----------------------------------------------------------------- building
 
@@ -329,6 +338,16 @@ class ProfilerConfig:
             string = key in _STRING_KEYS or _verl.is_string_key(key)
             items.append((key, _string_value(text) if string else parse_value(text)))
         return cls._from_flat(items, role)
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> ProfilerConfig:
+        """Read a YAML or JSON file (a mapping, as :meth:`from_dict` takes) and apply dotted ``overrides``.
+
+        Any problem is one ``ValueError`` line (``TypeError`` for a wrong type) naming the file when
+        the file is at fault, with line and column for a parse error; files over 256 KiB, 10,000
+        values or 32 levels of nesting are refused. YAML needs PyYAML (``instrument[yaml]``).
+        """
+        return _config_file.load(path, overrides, cls.from_overrides)
 
     @classmethod
     def _from_flat(cls, items: list[tuple[str, Any]], role: str | None = None) -> ProfilerConfig:

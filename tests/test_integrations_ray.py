@@ -182,3 +182,32 @@ def test_controller_checks_its_arguments() -> None:
         ProfileController(ins.ProfilerConfig(), groups={})
     with pytest.raises(TypeError, match="'config' must be a ProfilerConfig"):
         ProfileController({}, groups={"a": []})  # type: ignore[arg-type]
+
+
+@ray.remote(num_cpus=0)
+class SleepyWorker(ProfiledWorker):
+    """A worker whose stage takes as long as it is told: known durations, not a race with the clock."""
+
+    def __init__(self, cfg: ins.ProfilerConfig, rank: int, world_size: int) -> None:
+        ins.configure(cfg, role="actor", rank=rank, world_size=world_size)
+
+    @ins.profiled_stage("generate_sequences")
+    def generate(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+
+def test_a_slow_step_trigger_fires_on_a_ray_worker(ray_cluster: None, tmp_path: Path) -> None:
+    """The controller drives every step when triggers are on, so a worker sees its own slow step."""
+    cfg = ins.ProfilerConfig(
+        save_path=str(tmp_path), contents=("cpu",), steps=(100,), trigger=ins.SlowStep(factor=2.0, window=2, steps=1)
+    )
+    worker = SleepyWorker.remote(cfg, 0, 1)  # type: ignore[attr-defined]
+    ctl = ProfileController(cfg, groups={"actor_rollout_ref": [worker]})
+    durations = {1: 0.0, 2: 0.0, 3: 3.0, 4: 0.0}  # step 3 is far slower than the median of steps 1-2
+    for step, seconds in durations.items():
+        with ctl.step(step, last=(step == 4)):
+            ray.get(worker.generate.remote(seconds))
+    ctl.finish()
+    assert ctl.failures == []
+    names = [parse_trace_name(p.name) for p in tmp_path.glob("*.pt.trace.json.gz")]
+    assert [(n.step, n.triggered) for n in names if n is not None] == [(4, True)]

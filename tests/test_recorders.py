@@ -1,0 +1,215 @@
+"""The recorder seam: the registry, the session's calls as ``instrument.testing.capture`` sees them, a new recorder.
+
+These run without torch: the session's decisions are checked through what it asks a recorder to do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import instrument as ins
+import instrument.testing
+from instrument import backends
+from instrument._manifest import TraceRecord, read_manifests
+from instrument.backends import Publish, Report, TraceSpec, recorder_class, register_recorder, registered_tools
+
+
+def _update(n: int) -> None:
+    with ins.profiled_stage("update_actor", scheduled=True):
+        for i in range(n):
+            with ins.profile_window(mini_batch=i):
+                pass
+
+
+def test_capture_sees_what_the_session_asks_of_its_recorder(tmp_path: Path) -> None:
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), steps=(2,), schedule=ins.Schedule(active=2))
+    with instrument.testing.capture() as calls:
+        ins.configure(cfg, role="actor", rank=0, world_size=1)
+        for step in (1, 2):
+            with ins.profile_step(step), ins.profiled_stage("compute_log_prob"):
+                _update(3)
+    assert calls == [
+        ("step", "actor", 2),
+        ("start", "compute_log_prob", None),
+        ("range", "compute_log_prob"),
+        ("range", "update_actor"),  # nested: a range in the open trace
+        *[c for i in range(3) for c in (("range", f"mini_batch{i}"), ("close_range", f"mini_batch{i}"))],
+        ("close_range", "update_actor"),
+        ("close_range", "compute_log_prob"),
+        ("stop", "compute_log_prob"),
+    ]
+
+
+def test_a_scheduled_stage_advances_its_own_schedule(tmp_path: Path) -> None:
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), steps=(1,), schedule=ins.Schedule(active=2))
+    with instrument.testing.capture() as calls:
+        ins.configure(cfg, role="actor", rank=0, world_size=1)
+        with ins.profile_step(1):
+            _update(4)
+    assert calls[1] == ("start", "update_actor", ins.Schedule(active=2))
+    assert calls.count(("window_step",)) == 4
+    assert calls[-1] == ("stop", "update_actor")
+
+
+def test_unprofiled_steps_and_ranks_ask_nothing(tmp_path: Path) -> None:
+    with instrument.testing.capture() as calls:
+        ins.configure(
+            ins.ProfilerConfig(save_path=str(tmp_path), steps=(5,), ranks=(1,)), role="a", rank=0, world_size=2
+        )
+        for step in range(1, 7):
+            with ins.profile_step(step):
+                _update(2)
+    assert calls == []
+
+
+def test_threads_share_one_trace_and_it_stops_when_the_last_leaves(tmp_path: Path) -> None:
+    entered, release = threading.Barrier(3), threading.Event()
+
+    @ins.profiled_stage("generate_sequences")
+    def generate() -> None:
+        entered.wait(30)
+        release.wait(30)
+
+    with instrument.testing.capture() as calls:
+        ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), steps=(1,)), role="rollout", rank=0, world_size=1)
+        with ins.profile_step(1):
+            threads = [threading.Thread(target=generate) for _ in range(2)]
+            for t in threads:
+                t.start()
+            entered.wait(30)  # both inside: one owns the trace, the other is a range in it
+            release.set()
+            for t in threads:
+                t.join()
+    assert [c for c in calls if c[0] in ("start", "stop")] == [
+        ("start", "generate_sequences", None),
+        ("stop", "generate_sequences"),
+    ]
+    assert calls[-1] == ("stop", "generate_sequences")  # after both ranges closed
+    assert calls.count(("close_range", "generate_sequences")) == 2
+
+
+def test_async_tasks_have_their_own_stage_stacks(tmp_path: Path) -> None:
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), steps=(1,), schedule=ins.Schedule(active=2))
+
+    @ins.profiled_stage("update_actor", scheduled=True)
+    async def update() -> None:
+        for i in range(2):
+            with ins.profile_window(mini_batch=i):
+                await asyncio.sleep(0)
+
+    @ins.profiled_stage("compute_values")
+    async def values() -> None:
+        for i in range(2):
+            with ins.profile_window(mini_batch=i):  # a forward-only stage: its windows never step a schedule
+                await asyncio.sleep(0)
+
+    async def both() -> None:
+        await asyncio.gather(update(), values())
+
+    with instrument.testing.capture() as calls:
+        ins.configure(cfg, role="actor", rank=0, world_size=1)
+        with ins.profile_step(1):
+            asyncio.run(both())
+    assert calls.count(("window_step",)) == 2  # only update_actor's own windows
+
+
+def test_capture_alongside_keeps_the_configured_recorder(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    with instrument.testing.capture(alongside=True) as calls:
+        ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu",), steps=(1,)), role="a", rank=0)
+        with ins.profile_step(1), ins.profiled_stage("compute_log_prob"):
+            pass
+        files = ins.finish()
+    assert ("start", "compute_log_prob", None) in calls
+    assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")
+
+
+class LinesRecorder:
+    """A whole new recorder in a few lines: one JSON-lines file per stage with its ranges."""
+
+    tool = "lines"
+    stage_range_in_windows = True
+
+    def __init__(self, publish: Publish, report: Report) -> None:
+        self._publish = publish
+        self._spec: TraceSpec | None = None
+        self._lines: list[str] = []
+        self.windows_saved = 0
+
+    @property
+    def tracing(self) -> bool:
+        return self._spec is not None
+
+    def on_step(self, role: str, step: int) -> None:
+        pass
+
+    def start(self, spec: TraceSpec) -> None:
+        self._spec, self._lines, self.windows_saved = spec, [], 0
+
+    def window_step(self) -> None:
+        pass
+
+    def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
+        self._lines.append(name)
+        return lambda: None
+
+    def stop(self) -> None:
+        spec: Any = self._spec
+        if spec is None:
+            return
+        self._spec, self.windows_saved = None, 1
+        name = f"{spec.role}_{spec.stage}_step{spec.step}.lines.json"
+        path = Path(spec.save_path) / name
+        path.write_text(json.dumps(self._lines))
+        self._publish(TraceRecord(name, spec.role, spec.stage, spec.step, spec.rank, spec.world_size, None, False,
+                                  path.stat().st_size, self.tool))  # fmt: skip
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.stop()
+
+
+def test_a_registered_recorder_records_and_the_session_lists_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))  # the registry is process-wide
+    register_recorder("lines", f"{__name__}:LinesRecorder")
+    assert "lines" in registered_tools() and recorder_class("lines") is LinesRecorder
+    ins.configure(ins.ProfilerConfig(tool="lines", save_path=str(tmp_path), steps=(1,)), role="actor", rank=0)
+    with ins.profile_step(1):
+        _update(2)
+    files = ins.finish()
+    assert [Path(f).name for f in files] == ["actor_update_actor_step1.lines.json"]
+    assert json.loads(Path(files[0]).read_text()) == ["update_actor", "mini_batch0", "mini_batch1"]
+    assert [r.tool for r in read_manifests(tmp_path)] == ["lines"]
+
+
+@pytest.mark.parametrize(
+    ("tool", "target", "error"),
+    [("none", "m:C", ValueError), ("a-b", "m:C", ValueError), ("x", "no_colon", ValueError), ("x", 3, TypeError)],
+)
+def test_register_recorder_checks_its_arguments(
+    tool: str, target: Any, error: type[Exception], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
+    with pytest.raises(error):
+        register_recorder(tool, target)
+
+
+def test_configure_returns_a_read_only_description(tmp_path: Path) -> None:
+    run = ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), steps=(2,)), role="critic", rank=1, world_size=4)
+    assert isinstance(run, ins.RunInfo) and ins.current_run() is not None
+    assert (run.role, run.rank, run.world_size, run.tool) == ("critic", 1, 4, "torch")
+    assert run.profiles(2) is False  # rank 1 is not selected (ranks default to (0,))
+    with pytest.raises(AttributeError):
+        run.rank = 0  # type: ignore[misc]
+    assert "Session" not in ins.__all__
