@@ -37,19 +37,19 @@ test: lint $(VLLM_STAMP)
 test-fast: lint
 	$(BIN)/python -m pytest -m "not slow"
 
-# The main job: a small profiled PPO loop on the CPU (its own scratch folder is cleared first).
+# The main job: a small profiled PPO loop on the CPU, examples/ppo_demo.py (its scratch folder is cleared first).
 demo: $(STAMP)
 	rm -rf outputs/demo
 	$(BIN)/instrument plan --config examples/demo.yaml --num-steps 4 --mini-batches 6 --role actor_rollout_ref \
 		--stage generate_sequences --stage compute_log_prob --stage compute_ref_log_prob --stage compute_values \
 		--stage update_critic:scheduled --stage update_actor:scheduled
-	$(BIN)/instrument demo --config examples/demo.yaml --num-steps 4
+	$(BIN)/python examples/ppo_demo.py --config examples/demo.yaml --num-steps 4
 	$(BIN)/instrument analyze outputs/demo/profile --html outputs/demo/analysis.html
 
 # The same loop with verl-style Ray worker groups (actor_rollout_ref and critic, two ranks each).
 demo-ray: $(STAMP)
 	rm -rf outputs/demo
-	$(BIN)/instrument demo --ray --config examples/demo.yaml --num-steps 4 all_ranks=true
+	$(BIN)/python examples/ppo_demo_ray.py --config examples/demo.yaml --num-steps 4 all_ranks=true
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .mypy_cache .ruff_cache .hypothesis

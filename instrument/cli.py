@@ -1,17 +1,15 @@
-"""The ``instrument`` command line: ``instrument plan`` and ``instrument demo``."""
+"""The ``instrument`` command line: ``plan``, ``rollout`` and ``analyze`` (the demos live in ``examples/``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from instrument import _demo
+from instrument import _config_file
 from instrument._runplan import RunPlan, StageSpec, count, int_runs, plan_run
 from instrument._version import __version__
 from instrument.config import ProfilerConfig
@@ -30,135 +28,15 @@ Exit status: 0 planned, 1 warnings with --strict, 2 bad configuration or argumen
 """
 
 
-# A profiler section is a few hundred bytes; these bounds keep a hostile or mistaken file
-# (a 10 GB log, a YAML alias bomb, a thousand-deep nesting) from costing more than a second.
-_MAX_CONFIG_BYTES = 256 * 1024
-_MAX_CONFIG_VALUES = 10_000
-_MAX_CONFIG_DEPTH = 32
-
-
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ProfilerConfig:
     """Read a YAML or JSON configuration file (optional) and apply dotted overrides.
 
-    Every problem is a ``ValueError`` (``TypeError`` for a wrong type from the configuration's
-    own checks) with a one-line message; problems of the file name the file, and parse errors
-    the line and column.
+    :meth:`ProfilerConfig.from_file`, plus "no file": every problem is one ``ValueError``
+    (``TypeError`` for a wrong type) line naming the file at fault.
     """
-    base: dict[str, Any] = {}
     if path is not None:
-        base = _read_config(path)
-    try:
-        return ProfilerConfig.from_overrides(list(overrides), base=base)
-    except (ValueError, TypeError) as exc:
-        if path is None or not overrides:
-            raise _one_line(exc, _shown(path) if path is not None else None) from None
-        try:  # blame the file only when it is wrong on its own, with the same complaint
-            ProfilerConfig.from_overrides([], base=base)
-        except (ValueError, TypeError) as alone:
-            if str(alone) == str(exc):
-                raise _one_line(exc, _shown(path)) from None
-        raise _one_line(exc, None) from None
-
-
-def _shown(path: str | Path) -> str:
-    text = str(path)
-    return text if text.isprintable() else repr(text)
-
-
-def _one_line(exc: Exception, where: str | None) -> Exception:
-    """The same kind of error, on one line of at most ~500 characters, prefixed with the file."""
-    text = " ".join(str(exc).split())
-    if len(text) > 500:
-        text = text[:480] + " ... (cut)"
-    kind = TypeError if isinstance(exc, TypeError) else ValueError
-    return kind(f"{where}: {text}" if where else text)
-
-
-def _read_config(path: str | Path) -> dict[str, Any]:
-    shown = _shown(path)
-    text = _read_config_text(path, shown)
-    try:
-        loaded = _parse_json(text, shown) if str(path).endswith(".json") else _parse_yaml(text, shown)
-    except RecursionError:
-        raise ValueError(f"{shown}: the configuration is nested too deeply") from None
-    if loaded is None:
-        return {}
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{shown}: the configuration must be a mapping at the top level")
-    _check_shape(loaded, shown)
-    return loaded
-
-
-def _read_config_text(path: str | Path, shown: str) -> str:
-    """The file's text; only a regular file is read (a FIFO or /dev/zero would block or never end)."""
-    try:
-        # O_NONBLOCK: opening a FIFO without a writer returns at once instead of waiting.
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise ValueError(f"cannot read configuration {shown}: {exc.strerror or exc}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
-            raise ValueError(f"cannot read configuration {shown}: it is {kind}")
-        with os.fdopen(fd, "rb", closefd=False) as stream:
-            data = stream.read(_MAX_CONFIG_BYTES + 1)
-    except OSError as exc:
-        raise ValueError(f"cannot read configuration {shown}: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if len(data) > _MAX_CONFIG_BYTES:
-        raise ValueError(f"{shown}: larger than {_MAX_CONFIG_BYTES // 1024} KiB; is it really a configuration?")
-    try:
-        return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise ValueError(f"{shown}: not UTF-8 text (byte 0x{data[exc.start]:02x} on line {line})") from None
-
-
-def _parse_json(text: str, shown: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{shown}: invalid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
-
-
-def _parse_yaml(text: str, shown: str) -> Any:
-    try:
-        import yaml
-    except ImportError as exc:  # pragma: no cover - yaml ships with the dev extra
-        raise ValueError(f"reading {shown} needs PyYAML (pip install 'instrument[yaml]') or a .json file") from exc
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 5x faster on big files
-    try:
-        return yaml.load(text, Loader=loader)  # a safe loader: plain data only
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = " ".join(str(exc.problem or exc.context or "unreadable").split())
-        context = f" ({exc.context})" if exc.context and exc.problem else ""
-        raise ValueError(f"{shown}: invalid YAML{where}: {what}{context}") from None
-    except yaml.YAMLError as exc:  # ReaderError: a character YAML does not allow
-        position = getattr(exc, "position", None)
-        where = f" at line {text.count(chr(10), 0, position) + 1}" if isinstance(position, int) else ""
-        what = " ".join(str(getattr(exc, "reason", "") or exc).split()[:12])
-        raise ValueError(f"{shown}: invalid YAML{where}: {what}") from None
-
-
-def _check_shape(loaded: dict[str, Any], shown: str) -> None:
-    """Bound the values (aliases counted at every use) and the depth before anything walks the tree."""
-    pending: list[tuple[Any, int]] = [(loaded, 1)]
-    seen = 0
-    while pending:
-        value, depth = pending.pop()
-        seen += 1
-        if seen > _MAX_CONFIG_VALUES:
-            raise ValueError(f"{shown}: more than {_MAX_CONFIG_VALUES} values (YAML aliases count at every use)")
-        if depth > _MAX_CONFIG_DEPTH:
-            raise ValueError(f"{shown}: nested deeper than {_MAX_CONFIG_DEPTH} levels")
-        if isinstance(value, dict):
-            pending.extend((item, depth + 1) for item in value.values())
-        elif isinstance(value, (list, tuple, set)):
-            pending.extend((item, depth + 1) for item in value)
+        return ProfilerConfig.from_file(path, overrides)
+    return _config_file.load(None, overrides, ProfilerConfig.from_overrides)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -211,15 +89,6 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--concurrency", type=int, default=16, metavar="N", help="workers called at once")
     rollout.add_argument("--json", action="store_true", help="print the outcomes as JSON")
-    demo = commands.add_parser(
-        "demo",
-        help="run a small PPO loop on the CPU, profiled, and print where the traces are",
-        description="Run a tiny PPO-style RL loop on the CPU with torch, profiled as examples/demo.yaml says.",
-    )
-    _demo.add_arguments(demo)
-    demo.add_argument(
-        "--ray", action="store_true", help="run the worker groups as Ray actors (two data-parallel ranks each)"
-    )
     from instrument.analyze import _cli as analyze_cli  # standard library only: no rich, matplotlib or torch
 
     analyze = commands.add_parser(
@@ -387,12 +256,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _run_plan(args)
         if args.command == "rollout":
             return _run_rollout(args)
-        if args.command == "demo":
-            if args.ray:
-                from instrument import _demo_ray  # imports Ray
-
-                return _demo_ray.main_from_args(args)
-            return _demo.main_from_args(args)
         if args.command == "analyze":
             from instrument.analyze import _cli as analyze_cli
 

@@ -1,4 +1,4 @@
-"""``instrument demo``: the PPO demo runs, profiles exactly the configured steps and archives the traces."""
+"""``examples/ppo_demo.py`` (``make demo``): runs, profiles exactly the configured steps, archives the traces."""
 
 from __future__ import annotations
 
@@ -16,24 +16,24 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("yaml")
 
-import instrument.testing
-from instrument import schedule
-from instrument._demo import (
-    ARCHIVE_NAME,
-    DEFAULT_CONFIG,
-    NUM_MINI_BATCHES,
-    DemoResult,
-    add_arguments,
-    main_from_args,
-    run_demo,
-)
-from instrument.cli import load_config
-from instrument.naming import TRACE_SUFFIX, parse_trace_name
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+if str(EXAMPLES) not in sys.path:  # the examples import each other as top-level modules, as when run as scripts
+    sys.path.insert(0, str(EXAMPLES))
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / DEFAULT_CONFIG
+import ppo_demo  # noqa: E402
+from ppo_demo import ARCHIVE_NAME, DEFAULT_CONFIG, DemoResult, run_demo  # noqa: E402
+from ppo_workers import NUM_MINI_BATCHES  # noqa: E402
+
+import instrument.testing  # noqa: E402
+from instrument import schedule  # noqa: E402
+from instrument.cli import load_config  # noqa: E402
+from instrument.config import ProfilerConfig  # noqa: E402
+from instrument.naming import TRACE_SUFFIX, parse_trace_name  # noqa: E402
+
+CONFIG = EXAMPLES / "demo.yaml"
 STAGES = {"generate-sequences", "compute-log-prob", "compute-ref-log-prob", "compute-values"}
 UPDATES = {"update-actor", "update-critic"}
+HANG_GUARD_S = 300  # only against a hang: the assertions are about output
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +54,14 @@ def _trace_files(save_path: Path) -> list[Path]:
 
 
 def test_demo_config_records_mini_batches_2_to_3() -> None:
-    cfg = load_config(CONFIG)
+    cfg = ProfilerConfig.from_file(CONFIG)
+    assert cfg == load_config(CONFIG)  # the command line reads files the same way
     assert cfg.tool == "torch" and cfg.discrete and cfg.steps == (2, 4)
     assert cfg.schedule is not None
     windows = schedule.plan(NUM_MINI_BATCHES, cfg.schedule)
     assert [(w.first, w.last, w.partial) for w in windows] == [(2, 3, False)]
     assert cfg.finish_hook is not None and ARCHIVE_NAME in cfg.finish_hook.cmd
+    assert DEFAULT_CONFIG == CONFIG  # found beside the script, from any working directory
 
 
 def test_traces_only_for_profiled_steps_with_stage_names(demo: tuple[DemoResult, str]) -> None:
@@ -152,25 +154,65 @@ def test_bad_step_count_is_refused(bad: object) -> None:
         run_demo(CONFIG, num_steps=bad, out=io.StringIO())  # type: ignore[arg-type]
 
 
-def test_command_line_arguments(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.slow  # a fresh interpreter importing torch: ~5 s
+def test_the_script_runs_from_another_directory(tmp_path: Path) -> None:
+    """``python examples/ppo_demo.py``, as ``make demo`` runs it, in a child process started elsewhere."""
     save_path = tmp_path / "profile"
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--config", str(CONFIG), "--num-steps", "2", "--seed", "3", f"save_path={save_path}"])
-    assert (args.num_steps, args.seed, args.overrides) == (2, 3, [f"save_path={save_path}"])
-    assert main_from_args(args) == 0
-    printed = capsys.readouterr().out
-    assert "step 2/2" in printed and "profiled" in printed
+    script = EXAMPLES / "ppo_demo.py"
+    args = ["--num-steps", "2", "--seed", "3", f"save_path={save_path}"]
+    command = [sys.executable, str(script), *args]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "step 2/2" in done.stdout and "profiled" in done.stdout
+    assert "USDT:" not in done.stderr  # torch's per-trace chatter is filtered out
     assert {parse_trace_name(p.name).step for p in _trace_files(save_path)} == {2}  # type: ignore[union-attr]
     assert (tmp_path / ARCHIVE_NAME).is_file()
+
+
+def test_command_line_defaults() -> None:
+    parser = argparse.ArgumentParser()
+    ppo_demo.add_arguments(parser)
     defaults = parser.parse_args([])
-    assert (defaults.config, defaults.num_steps, defaults.overrides) == (DEFAULT_CONFIG, 4, [])
+    assert (Path(defaults.config), defaults.num_steps, defaults.seed, defaults.overrides) == (CONFIG, 4, 0, [])
+    args = parser.parse_args(["--config", "x.yaml", "--num-steps", "2", "--seed", "3", "steps=[1]"])
+    assert (args.config, args.num_steps, args.seed, args.overrides) == ("x.yaml", 2, 3, ["steps=[1]"])
 
 
-def test_importing_the_demo_loads_no_torch() -> None:
-    code = "import sys, instrument._demo; print('torch' in sys.modules)"
-    loaded = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout.strip()
-    assert loaded == "False"
+@pytest.mark.parametrize(
+    ("content", "args", "needles"),
+    [
+        ("steps: [1\n", [], ["broken.yaml", "invalid YAML at line 2"]),
+        ("contents: [gpu]\n", [], ["broken.yaml: 'contents' items must be among"]),
+        ("steps: [1]\n", ["--num-steps", "0"], ["'num_steps' must be an int >= 1: 0"]),
+        ("steps: [1]\n", ["--slow-step", "0"], ["'slow_step' must be >= 1: 0"]),
+    ],
+)
+def test_a_bad_config_is_one_line_and_exit_2_before_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, args: list[str], needles: list[str]
+) -> None:
+    path = tmp_path / "broken.yaml"
+    path.write_text(content)
+    status = ppo_demo.main([f"--config={path}", *args, f"save_path={tmp_path / 'out'}"])
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    assert out == "" and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith("ppo_demo.py: error: ")
+    assert all(needle in err for needle in needles), err
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_cli_has_no_demo_and_loads_no_torch() -> None:
+    """The demos left the library: ``instrument demo`` is gone and the CLI imports no example or torch."""
+    code = (
+        "import sys, instrument.cli\n"
+        "try:\n    instrument.cli.main(['demo'])\nexcept SystemExit as exc:\n    print(exc.code)\n"
+        "print(sorted(m for m in sys.modules if m in ('torch', 'ppo_demo', 'ppo_workers') or 'demo' in m))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+    )
+    assert done.stdout.splitlines() == ["2", "[]"], done.stderr
+    assert "invalid choice: 'demo'" in done.stderr
 
 
 def test_slow_step_flag_fires_the_trigger_and_lists_the_trace(tmp_path: Path) -> None:

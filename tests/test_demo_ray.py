@@ -1,11 +1,11 @@
-"""``instrument demo --ray``: the PPO demo on a real local Ray cluster, two worker groups of two gloo ranks."""
+"""``examples/ppo_demo_ray.py`` (``make demo-ray``): the PPO demo on a local Ray cluster, two groups of two ranks."""
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import math
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -16,14 +16,20 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("torch")
 pytest.importorskip("yaml")
 
-from instrument import _demo_ray  # noqa: E402
-from instrument._demo import ARCHIVE_NAME, DEFAULT_CONFIG, add_arguments  # noqa: E402
-from instrument._demo_ray import ACTOR_ROLLOUT_REF, CRITIC, WORLD_SIZE, RayDemoResult, run_ray_demo  # noqa: E402
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+if str(EXAMPLES) not in sys.path:  # the examples import each other as top-level modules, as when run as scripts
+    sys.path.insert(0, str(EXAMPLES))
+
+import ppo_demo_ray  # noqa: E402
+from ppo_demo import ARCHIVE_NAME  # noqa: E402
+from ppo_demo_ray import WORLD_SIZE, RayDemoResult, run_ray_demo  # noqa: E402
+from ppo_ray_workers import ACTOR_ROLLOUT_REF, CRITIC  # noqa: E402
+
+from instrument.config import ProfilerConfig  # noqa: E402
 from instrument.integrations.ray import WorkerFailure  # noqa: E402
 from instrument.naming import TRACE_SUFFIX, parse_trace_name  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / DEFAULT_CONFIG
+CONFIG = EXAMPLES / "demo.yaml"
 NUM_STEPS = 3
 PROFILED = (2, 3)
 STAGES = {
@@ -188,25 +194,47 @@ def _result(tmp_path: Path, *, traces: int, failures: int) -> RayDemoResult:
     )
 
 
-def test_main_from_args_passes_the_demo_arguments(
+def test_main_passes_the_arguments_and_reports_failures(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     calls: list[tuple[object, ...]] = []
     outcome = {"traces": 1, "failures": 0}
 
-    def fake(config: object, *, num_steps: int, overrides: list[str], seed: int) -> RayDemoResult:
-        calls.append((config, num_steps, overrides, seed))
+    def fake(cfg: ProfilerConfig, steps_total: int, *, seed: int) -> RayDemoResult:
+        calls.append((cfg.all_ranks, cfg.save_path, steps_total, seed))
         return _result(tmp_path, **outcome)
 
-    monkeypatch.setattr(_demo_ray, "run_ray_demo", fake)
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--config", str(CONFIG), "--num-steps", "2", "--seed", "3", "all_ranks=true"])
-    assert _demo_ray.main_from_args(args) == 0
-    assert calls == [(CONFIG, 2, ["all_ranks=true"], 3)]
+    monkeypatch.setattr(ppo_demo_ray, "train", fake)
+    args = ["--config", str(CONFIG), "--num-steps", "2", "--seed", "3", "all_ranks=true", "save_path=rel/p"]
+    assert ppo_demo_ray.main(args) == 0
+    assert calls == [(True, str(Path("rel/p").absolute()), 2, 3)]  # made absolute: workers may run elsewhere
     outcome["failures"] = 1
-    assert _demo_ray.main_from_args(args) == 1
+    assert ppo_demo_ray.main(args) == 1
     assert "worker(s) failed" in capsys.readouterr().err
     outcome.update(traces=0, failures=0)
-    assert _demo_ray.main_from_args(args) == 1
+    assert ppo_demo_ray.main(args) == 1
     assert "wrote no trace" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "args", "needles"),
+    [
+        ("steps: [1\n", [], ["broken.yaml", "invalid YAML at line 2"]),
+        ("ranks: [0, 2]\n", [], ["'ranks' selects rank 2", "each worker group of the Ray demo has 2 ranks"]),
+        ("steps: [1]\n", ["--num-steps", "-1"], ["'num_steps' must be an int >= 1: -1"]),
+    ],
+)
+def test_a_bad_config_is_one_line_and_exit_2_before_ray_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, args: list[str], needles: list[str]
+) -> None:
+    ray_was_up = ray.is_initialized()
+    path = tmp_path / "broken.yaml"
+    path.write_text(content)
+    status = ppo_demo_ray.main([f"--config={path}", *args, f"save_path={tmp_path / 'out'}"])
+    out, err = capsys.readouterr()
+    assert status == 2, err
+    assert out == "" and "Traceback" not in err
+    assert len(err.splitlines()) == 1 and err.startswith("ppo_demo_ray.py: error: ")
+    assert all(needle in err for needle in needles), err
+    assert not (tmp_path / "out").exists()
+    assert ray.is_initialized() == ray_was_up

@@ -1,27 +1,19 @@
-"""``instrument demo --ray``: the PPO demo of :mod:`instrument._demo` with verl-style Ray worker groups.
+"""The PPO demo of ``ppo_demo.py`` with verl-style Ray worker groups (``make demo-ray``).
 
-The driver (the trainer) runs a local Ray cluster, unless one is already up, and two worker groups
-of ``WORLD_SIZE`` Ray actors each:
+    python examples/ppo_demo_ray.py --config examples/demo.yaml --num-steps 4 all_ranks=true
 
-* ``actor_rollout_ref``: the fused worker (rollout generation, the actor's log-probs and PPO update,
-  the frozen reference's log-probs), registered a second time as ``ref`` (colocated, as in verl);
-* ``critic``: values and the critic's update.
+The driver runs a local Ray cluster (unless one is up) and two worker groups of ``WORLD_SIZE`` Ray
+actors: ``actor_rollout_ref`` (rollout, the actor's log-probs and PPO update, the frozen reference's
+log-probs), registered a second time as ``ref`` (colocated, as in verl), and ``critic``. Each actor
+configures instrument with its group's role and its rank in the group; the ranks of a group form a
+gloo process group and wrap their models in ``DistributedDataParallel``, so their weights stay equal.
+Every stage splits the batch over the ranks and the driver concatenates the results (verl's
+data-parallel dispatch), all inside ``ProfileController.step``. The controller owns the finish hook
+of ``demo.yaml``: after the last step it waits for every worker's traces, then runs the hook on the
+hook's ranks of the first group only (a critic rank with the same number does not run it too).
 
-Each actor configures instrument with its group's role and its rank in the group, and the ranks of a
-group form a torch.distributed (gloo) process group: the models are wrapped in
-``DistributedDataParallel``, so the ranks' gradients are all-reduced and their weights stay equal.
-Every stage splits the batch: rank ``r`` works on the ``r``-th part and the driver concatenates the
-results (verl's data-parallel dispatch).  Per step, inside ``ProfileController.step``, the driver
-calls the stages in verl's order: ``generate_sequences``, ``compute_log_prob``,
-``compute_ref_log_prob``, ``compute_values``, the advantages (on the driver), ``update_critic``,
-``update_actor``.  The workers reuse the models and stage code of :mod:`instrument._demo`.
-
-The controller owns the finish hook of ``examples/demo.yaml`` (``tar`` of ``save_path``): after the
-last step it waits until every worker's traces are on disk, then runs the hook on the hook's ranks of
-the first group, ``actor_rollout_ref`` (hook ranks are ranks within a group, so a critic rank with the
-same number does not run it too).
-
-Importing this module imports Ray (not torch).
+Uses only instrument's public API. Needs ``ray``, ``torch`` and ``pyyaml``
+(``pip install 'instrument[ray,torch,yaml]'``).
 """
 
 from __future__ import annotations
@@ -37,39 +29,21 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import Any, TextIO
 
 import attrs
+import ppo_demo as demo
+import ppo_workers as ppo
 import ray
+import torch
+from ppo_demo import DEFAULT_CONFIG, DemoResult
+from ppo_ray_workers import ACTOR_ROLLOUT_REF, CRITIC, ActorRolloutRefWorker, CriticWorker
 
 import instrument as ins
-from instrument import _demo as demo
-from instrument._demo import DEFAULT_CONFIG, DEFAULT_NUM_STEPS, DemoResult
 from instrument.config import ProfilerConfig
-from instrument.integrations.ray import ProfileController, ProfiledWorker, WorkerFailure
+from instrument.integrations.ray import ProfileController, WorkerFailure
 from instrument.naming import parse_trace_name
 from instrument.ranks import validate_ranks
-
-if TYPE_CHECKING:
-    import torch
-
-__all__ = [
-    "ACTOR_ROLLOUT_REF",
-    "CRITIC",
-    "REF",
-    "WORLD_SIZE",
-    "ActorRolloutRefWorker",
-    "CriticWorker",
-    "RayDemoResult",
-    "main_from_args",
-    "run_ray_demo",
-]
-
-ACTOR_ROLLOUT_REF = "actor_rollout_ref"
-"""The fused worker group's role: rollout, actor and reference in the same actors."""
-
-CRITIC = "critic"
-"""The critic group's role."""
 
 REF = "ref"
 """The second name the ``actor_rollout_ref`` actors are registered under (colocated, driven once)."""
@@ -79,9 +53,6 @@ WORLD_SIZE = 2
 
 RAY_NUM_CPUS = 2
 """CPUs of the local Ray cluster the demo starts (the actors ask for none, so it runs on 2 cores)."""
-
-_GROUP_SEEDS = {ACTOR_ROLLOUT_REF: 1, CRITIC: 2}
-"""Per-group offsets of the sampling / shuffling seeds (every rank draws its own stream)."""
 
 
 @dataclass(frozen=True)
@@ -106,124 +77,6 @@ class RayDemoResult(DemoResult):
     """Whether the ranks of each group ended with equal weights (their gradients were all-reduced)."""
 
 
-# --------------------------------------------------------------------------- workers (Ray actors)
-
-
-class _GroupWorker(ProfiledWorker):
-    """What both groups' actors share: instrument's session, the gloo group, the controller's calls."""
-
-    def __init__(self, cfg: ProfilerConfig, *, role: str, rank: int, world_size: int, rendezvous: str) -> None:
-        import torch
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)  # four actors share two cores
-        self.session = ins.configure(cfg, role=role, rank=rank, world_size=world_size)
-        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world_size)
-        self.starts = 0
-        self.recorded: list[int] = []
-
-    def start_profile(self, step: int) -> bool:
-        """Count the controller's calls and remember the steps this worker records."""
-        self.starts += 1
-        recording = super().start_profile(step)
-        if recording:
-            self.recorded.append(step)
-        return recording
-
-    def ready(self) -> bool:
-        """Answers once the actor is constructed (its process group is up)."""
-        return True
-
-    def records(self, step: int) -> bool:
-        """Whether this worker recorded step ``step``."""
-        return step in self.recorded
-
-    def report(self) -> tuple[int, str]:
-        """``(start_profile calls, this process's manifest path)``."""
-        return self.starts, str(self.session.manifest_path)
-
-    def weights(self) -> torch.Tensor:
-        """This rank's trained weights, flattened (equal on every rank of a group)."""
-        raise NotImplementedError
-
-    def close(self) -> None:
-        """Leave the process group."""
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-
-
-class ActorRolloutRefWorker(_GroupWorker):
-    """verl's fused worker: rollout, actor and reference share one process and the policy's weights."""
-
-    def __init__(self, cfg: ProfilerConfig, rank: int, world_size: int, rendezvous: str, seed: int) -> None:
-        super().__init__(cfg, role=ACTOR_ROLLOUT_REF, rank=rank, world_size=world_size, rendezvous=rendezvous)
-        import torch
-        from torch.nn.parallel import DistributedDataParallel
-
-        policy, reference, _ = demo._init_models(torch.Generator().manual_seed(seed))  # equal on every rank
-        generator = torch.Generator().manual_seed(_rank_seed(seed, ACTOR_ROLLOUT_REF, rank))
-        self.rollout = demo.RolloutWorker(policy, generator)
-        self.actor = demo.ActorWorker(DistributedDataParallel(policy), generator)  # gradients all-reduced
-        self.ref = demo.RefWorker(reference)
-
-    def weights(self) -> torch.Tensor:
-        """The policy's weights."""
-        return _flat(self.rollout.policy)
-
-    def generate_sequences(self, prompts: torch.Tensor) -> torch.Tensor:
-        """This rank's part of the prompts, with sampled responses appended."""
-        return self.rollout.generate_sequences(prompts)
-
-    def compute_log_prob(self, sequences: torch.Tensor) -> torch.Tensor:
-        """The policy's log-probs of this rank's responses."""
-        return self.actor.compute_log_prob(sequences)
-
-    def compute_ref_log_prob(self, sequences: torch.Tensor) -> torch.Tensor:
-        """The reference's log-probs of this rank's responses."""
-        return self.ref.compute_ref_log_prob(sequences)
-
-    def update_actor(self, sequences: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor) -> float:
-        """PPO over this rank's part of the batch, in ``NUM_MINI_BATCHES`` mini-batches; the mean loss."""
-        return self.actor.update_actor(sequences, old_log_probs, advantages)
-
-
-class CriticWorker(_GroupWorker):
-    """The value model, data-parallel over the group."""
-
-    def __init__(self, cfg: ProfilerConfig, rank: int, world_size: int, rendezvous: str, seed: int) -> None:
-        super().__init__(cfg, role=CRITIC, rank=rank, world_size=world_size, rendezvous=rendezvous)
-        import torch
-        from torch.nn.parallel import DistributedDataParallel
-
-        _, _, critic = demo._init_models(torch.Generator().manual_seed(seed))
-        generator = torch.Generator().manual_seed(_rank_seed(seed, CRITIC, rank))
-        self.critic = demo.CriticWorker(DistributedDataParallel(critic), generator)
-
-    def weights(self) -> torch.Tensor:
-        """The critic's weights."""
-        return _flat(self.critic.critic)
-
-    def compute_values(self, sequences: torch.Tensor) -> torch.Tensor:
-        """Values of this rank's sequences."""
-        return self.critic.compute_values(sequences)
-
-    def update_critic(self, sequences: torch.Tensor, returns: torch.Tensor) -> float:
-        """Regression on this rank's returns, in ``NUM_MINI_BATCHES`` mini-batches; the mean loss."""
-        return self.critic.update_critic(sequences, returns)
-
-
-def _rank_seed(seed: int, group: str, rank: int) -> int:
-    return seed * 1_000 + 100 * _GROUP_SEEDS[group] + rank
-
-
-def _flat(model: torch.nn.Module) -> torch.Tensor:
-    import torch
-
-    return torch.cat([p.detach().flatten() for p in model.parameters()])
-
-
 # --------------------------------------------------------------------------- the driver
 
 
@@ -231,8 +84,6 @@ class _RayTrainer:
     """The driver's PPO step: split the batch over a group's ranks, call a stage, concatenate."""
 
     def __init__(self, actor_rollout_ref: Sequence[Any], critic: Sequence[Any], seed: int) -> None:
-        import torch
-
         self.actor_rollout_ref = list(actor_rollout_ref)
         self.critic = list(critic)
         self.generator = torch.Generator().manual_seed(seed)
@@ -245,25 +96,21 @@ class _RayTrainer:
         return list(ray.get(refs))
 
     def _gather(self, workers: Sequence[Any], method: str, *batch: torch.Tensor) -> torch.Tensor:
-        import torch
-
         return torch.cat(self._call(workers, method, *batch))
 
-    def step(self) -> demo._StepStats:
+    def step(self) -> ppo.StepStats:
         """verl's order: rollout, log-probs, reference log-probs, values, advantages, critic, actor."""
-        import torch
-
         arr, critic = self.actor_rollout_ref, self.critic
-        prompts = torch.randint(0, demo.VOCAB, (demo.BATCH, demo.PROMPT_LEN), generator=self.generator)
+        prompts = torch.randint(0, ppo.VOCAB, (ppo.BATCH, ppo.PROMPT_LEN), generator=self.generator)
         sequences = self._gather(arr, "generate_sequences", prompts)
         old_log_probs = self._gather(arr, "compute_log_prob", sequences)
         ref_log_probs = self._gather(arr, "compute_ref_log_prob", sequences)
         values = self._gather(critic, "compute_values", sequences)
-        scores = demo._scores(sequences)
-        advantages, returns = demo._advantages(scores, old_log_probs, ref_log_probs, values)
+        scores = ppo.scores(sequences)
+        advantages, returns = ppo.advantages(scores, old_log_probs, ref_log_probs, values)
         critic_losses = self._call(critic, "update_critic", sequences, returns)
         actor_losses = self._call(arr, "update_actor", sequences, old_log_probs, advantages)
-        return demo._StepStats(
+        return ppo.StepStats(
             reward=scores.mean().item(),
             actor_loss=sum(actor_losses) / len(actor_losses),
             critic_loss=sum(critic_losses) / len(critic_losses),
@@ -283,9 +130,9 @@ def _check_world(cfg: ProfilerConfig) -> None:
 
 
 def _runtime_env() -> dict[str, Any]:
-    """Workers import ``instrument`` from where this driver does, installed or not."""
-    root = str(Path(ins.__file__).resolve().parents[1])
-    python_path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    """Workers import ``instrument`` from where this driver does (installed or not) and these examples."""
+    roots = (str(Path(ins.__file__).resolve().parents[1]), str(Path(__file__).resolve().parent))
+    python_path = os.pathsep.join(p for p in (*roots, os.environ.get("PYTHONPATH", "")) if p)
     return {"env_vars": {"PYTHONPATH": python_path}}
 
 
@@ -304,40 +151,38 @@ def _sort_key(path: Path) -> tuple[int, str, int, int, str]:
 
 
 def _header(cfg: ProfilerConfig, steps_total: int, profiled: Sequence[int], save_path: Path) -> list[str]:
-    per_rank = demo.BATCH // WORLD_SIZE
+    per_rank = ppo.BATCH // WORLD_SIZE
     lines = [
-        f"instrument demo --ray: PPO on Ray, {steps_total} steps, batch {demo.BATCH} ({per_rank} per rank), "
-        f"{demo.NUM_MINI_BATCHES} mini-batches per update",
+        f"ppo demo on Ray: {steps_total} steps, batch {ppo.BATCH} ({per_rank} per rank), "
+        f"{ppo.NUM_MINI_BATCHES} mini-batches per update",
         f"worker groups: {ACTOR_ROLLOUT_REF} x{WORLD_SIZE} (also registered as {REF}), {CRITIC} x{WORLD_SIZE}; "
         "gloo all-reduce within each group",
     ]
     if profiled:
         mode = "discrete" if cfg.discrete else "continuous"
-        ranks = "all ranks" if cfg.all_ranks else f"rank(s) {demo._list(cfg.ranks)}"
+        ranks = "all ranks" if cfg.all_ranks else f"rank(s) {demo.listed(cfg.ranks)}"
         lines.append(
-            f"profiling steps {demo._list(profiled)} on {ranks} of each group ({cfg.tool}, {mode}) "
-            f"into {demo._shown(save_path)}"
+            f"profiling steps {demo.listed(profiled)} on {ranks} of each group ({cfg.tool}, {mode}) "
+            f"into {demo.shown(save_path)}"
         )
     else:
         lines.append("profiling: off for this run (the configuration disables it or profiles no step of it)")
-    if cfg.active and cfg.steps is not None and max(cfg.steps) > steps_total:
-        later = [s for s in cfg.steps if s > steps_total]
-        lines.append(f"note: configured step(s) {demo._list(later)} lie beyond step {steps_total} and are not profiled")
+    lines += demo.later_steps_note(cfg, steps_total)
     if cfg.active and cfg.finish_hook is not None:
         hook = cfg.finish_hook
-        ranks = "every rank" if hook.all_ranks else f"rank(s) {demo._list(hook.ranks)}"
+        ranks = "every rank" if hook.all_ranks else f"rank(s) {demo.listed(hook.ranks)}"
         lines.append(f"finish hook: on {ACTOR_ROLLOUT_REF} {ranks} only, once every worker's traces are saved")
     return lines
 
 
 def _summary(result: RayDemoResult, cfg: ProfilerConfig) -> list[str]:
     traces = result.traces
-    lines = [f"traces    {len(traces)} in {demo._shown(result.save_path)}/"]
+    lines = [f"traces    {len(traces)} in {demo.shown(result.save_path)}/"]
     lines += [f"  {t.name}" for t in traces] or ["  (none)"]
     lines.append(f"manifests {len(result.manifests)} (one per worker process that saved a trace)")
-    lines += [f"  {demo._shown(m)}" for m in result.manifests]
+    lines += [f"  {demo.shown(m)}" for m in result.manifests]
     if result.archive is not None:
-        lines.append(f"archive   {demo._shown(result.archive)} (written by the finish hook)")
+        lines.append(f"archive   {demo.shown(result.archive)} (written by the finish hook)")
     elif cfg.active and cfg.finish_hook is not None:
         lines.append(f"archive   (no new {demo.ARCHIVE_NAME} next to save_path: the hook writes elsewhere or failed)")
     lines.append(f"workers   {result.workers} Ray actors driven, each once per profiled step")
@@ -405,20 +250,12 @@ def _train(
             answers = ray.get([a.records.remote(step) for a in actors])
             pairs = [name for name, recorded in zip(names, answers, strict=True) if recorded]
         run.recorded += [(step, group, rank) for group, rank in pairs]
-        say(
-            [
-                f"step {step}/{steps_total}  reward {stats.reward:.3f}  actor_loss {stats.actor_loss:+.4f}  "
-                f"critic_loss {stats.critic_loss:.4f}  kl {stats.kl:+.4f}  {seconds:5.2f} s"
-                + (f"  profiled by {_pairs(pairs)}" if pairs else "")
-            ]
-        )
+        say([stats.line(step, steps_total, seconds) + (f"  profiled by {_pairs(pairs)}" if pairs else "")])
     return run
 
 
 def _in_sync(trainer: _RayTrainer) -> bool:
     """Whether the ranks of each group ended with the same weights (the all-reduce worked)."""
-    import torch
-
     for group in (trainer.actor_rollout_ref, trainer.critic):
         weights = ray.get([a.weights.remote() for a in group])
         if not all(torch.equal(weights[0], w) for w in weights[1:]):
@@ -426,32 +263,39 @@ def _in_sync(trainer: _RayTrainer) -> bool:
     return True
 
 
+def prepare(config_path: str | Path, overrides: Sequence[str], num_steps: int | None) -> tuple[ProfilerConfig, int]:
+    """The configuration (``save_path`` made absolute) and step count; ``ValueError`` before Ray starts.
+
+    Ranks outside a group of :data:`WORLD_SIZE` are refused here too.
+    """
+    steps_total = demo.check_steps(num_steps)
+    loaded = ins.ProfilerConfig.from_file(config_path, overrides)
+    cfg = attrs.evolve(loaded, save_path=str(Path(loaded.save_path).absolute()))  # workers may run elsewhere
+    _check_world(cfg)
+    return cfg, steps_total
+
+
 def run_ray_demo(
-    config_path: str | Path | None = DEFAULT_CONFIG,
+    config_path: str | Path = DEFAULT_CONFIG,
     *,
     num_steps: int | None = None,
     overrides: Sequence[str] = (),
     seed: int = 0,
     out: TextIO | None = None,
 ) -> RayDemoResult:
-    """Run the PPO demo on Ray worker groups under the profiling setup of ``config_path`` (plus ``overrides``).
+    """:func:`prepare` then :func:`train`: the Ray demo under ``config_path`` plus dotted ``overrides``."""
+    cfg, steps_total = prepare(config_path, overrides, num_steps)
+    return train(cfg, steps_total, seed=seed, out=out)
 
-    Starts a local Ray cluster unless Ray is initialised (and shuts down only one it started), runs
-    ``num_steps`` RL steps (default :data:`DEFAULT_NUM_STEPS`) through a :class:`ProfileController`,
-    prints a line per step and a summary to ``out`` (default: ``sys.stdout`` at call time), finishes
-    every worker and removes the actors.  ``save_path`` is made absolute before the workers see it.
-    Raises ``ValueError`` for a bad step count or configuration (ranks outside a group of
-    :data:`WORLD_SIZE` included) before Ray starts.
+
+def train(cfg: ProfilerConfig, steps_total: int, *, seed: int = 0, out: TextIO | None = None) -> RayDemoResult:
+    """Run the PPO demo on Ray worker groups, through a :class:`ProfileController`.
+
+    Starts a local Ray cluster unless Ray is initialised (and shuts down only one it started),
+    prints a line per step and a summary to ``out`` (default ``sys.stdout``), finishes every
+    worker and removes the actors.
     """
-    from instrument.cli import load_config  # here, not at the top: instrument.cli imports the demos
-
-    steps_total = DEFAULT_NUM_STEPS if num_steps is None else num_steps
-    if isinstance(steps_total, bool) or not isinstance(steps_total, int) or steps_total < 1:
-        raise ValueError(f"'num_steps' must be an int >= 1: {num_steps!r}")
-    loaded = load_config(config_path, overrides)
-    save_path = Path(loaded.save_path).absolute()
-    cfg = attrs.evolve(loaded, save_path=str(save_path))  # Ray workers need not share our working directory
-    _check_world(cfg)
+    save_path = Path(cfg.save_path)
     profiled = tuple(
         s
         for s in range(1, steps_total + 1)
@@ -513,21 +357,25 @@ def run_ray_demo(
 # --------------------------------------------------------------------------- command line
 
 
-def main_from_args(args: argparse.Namespace) -> int:
-    """Run ``instrument demo --ray`` with the arguments of ``_demo.add_arguments``.
-
-    0 on success; 1 if a profiled step left no trace or a worker failed a control call.
-    """
-    config = Path(args.config)
-    if args.config == DEFAULT_CONFIG and not config.exists():
-        packaged = Path(__file__).resolve().parents[1] / DEFAULT_CONFIG  # a source checkout, run from elsewhere
-        if packaged.exists():
-            config = packaged
-    result = run_ray_demo(config, num_steps=args.num_steps, overrides=args.overrides, seed=args.seed)
+def main(argv: Sequence[str] | None = None) -> int:
+    """0 on success; 1 if a profiled step left no trace or a worker failed; 2 for a bad configuration."""
+    parser = argparse.ArgumentParser(prog="ppo_demo_ray.py", description="The PPO demo on Ray worker groups.")
+    demo.add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        cfg, steps_total = prepare(args.config, args.overrides, args.num_steps)
+    except (ValueError, TypeError) as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+    result = train(cfg, steps_total, seed=args.seed)
     if result.profiled_steps and not result.traces:
-        print("instrument demo --ray: error: profiled steps wrote no trace", file=sys.stderr)
+        print(f"{parser.prog}: error: profiled steps wrote no trace", file=sys.stderr)
         return 1
     if result.failures:
-        print(f"instrument demo --ray: error: {len(result.failures)} worker(s) failed", file=sys.stderr)
+        print(f"{parser.prog}: error: {len(result.failures)} worker(s) failed", file=sys.stderr)
         return 1
     return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,250 @@
+"""What ships and how it hangs together: the wheel holds the library only, and ``instrument`` has no import cycle.
+
+The wheel is built offline from a copy of the source tree (``pip wheel --no-build-isolation
+--no-index``), so a build never writes into the checkout other work shares. The import graph is
+read from the source with ``ast``: edges are the imports a module runs, at module level or inside
+a function; ``if TYPE_CHECKING:`` blocks never run and are left out. A function-level import may
+close a cycle only if a comment on its line (or the line above) says ``cycle`` and why.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "instrument"
+HANG_GUARD_S = 300  # only against a hang: the assertions are about contents and exit statuses
+
+
+# --------------------------------------------------------------------------- the import graph
+
+
+@dataclass(frozen=True)
+class Edge:
+    """``source`` imports ``target`` (both dotted module names) at ``line``."""
+
+    source: str
+    target: str
+    line: int
+    in_function: bool
+    documented: bool
+
+
+def _modules(package_dir: Path) -> dict[str, Path]:
+    """Dotted module name -> file, for every ``.py`` file of the package (packages as their ``__init__``)."""
+    modules = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = list(path.relative_to(package_dir.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _imports(module: str, path: Path) -> Iterator[tuple[str, int, bool]]:
+    """``(imported dotted name, line, inside a function)`` for every import that runs."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def visit(nodes: list[ast.stmt], in_function: bool) -> Iterator[tuple[str, int, bool]]:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from visit(node.orelse, in_function)  # the body runs only under a type checker
+                continue
+            if isinstance(node, ast.Import):
+                yield from ((alias.name, node.lineno, in_function) for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: up level-1 packages from this module's package
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([node.module] if node.module else [])])
+                yield from ((f"{base}.{alias.name}", node.lineno, in_function) for alias in node.names)
+            inner = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+                for child in getattr(node, field, None) or []:
+                    # except handlers and match cases are not statements but hold statements
+                    yield from visit([child] if isinstance(child, ast.stmt) else child.body, inner)
+
+    yield from visit(ast.parse(path.read_text(encoding="utf-8")).body, False)
+
+
+def import_graph(package_dir: Path) -> list[Edge]:
+    """Every import of one of the package's modules by another (``from pkg import name`` -> ``pkg``)."""
+    modules = _modules(package_dir)
+    edges = []
+    for module, path in modules.items():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for name, line, in_function in _imports(module, path):
+            target = name
+            while target and target not in modules:  # ``pkg.mod.Class`` -> ``pkg.mod``; outside modules -> ""
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                near = " ".join(lines[max(0, line - 2) : line]).lower()
+                edges.append(Edge(module, target, line, in_function, "cycle" in near))
+    return edges
+
+
+def cycles(edges: list[Edge]) -> list[str]:
+    """A description of every cycle problem: module-level cycles, and undocumented function-level closers."""
+    module_level: dict[str, set[str]] = {}
+    everything: dict[str, set[str]] = {}
+    for edge in edges:
+        everything.setdefault(edge.source, set()).add(edge.target)
+        if not edge.in_function:
+            module_level.setdefault(edge.source, set()).add(edge.target)
+
+    def path(graph: dict[str, set[str]], start: str, goal: str) -> list[str] | None:
+        """A path ``start`` -> ... -> ``goal`` (depth first), or ``None``."""
+        stack, seen = [(start, [start])], {start}
+        while stack:
+            node, trail = stack.pop()
+            if node == goal:
+                return trail
+            for nxt in sorted(graph.get(node, ())):
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, [*trail, nxt]))
+        return None
+
+    problems = []
+    for edge in edges:
+        back = path(module_level if not edge.in_function else everything, edge.target, edge.source)
+        if back is None:
+            continue
+        loop = " -> ".join([edge.source, *back])
+        if not edge.in_function:
+            problems.append(f"module-level import cycle: {loop} (line {edge.line} of {edge.source})")
+        elif not edge.documented:
+            problems.append(f"{edge.source} line {edge.line}: a function-level import closes {loop}; say why (cycle)")
+    return sorted(set(problems))
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    edges = import_graph(PACKAGE)
+    assert len(edges) > 50, "the AST walk found too few imports: it reads the wrong files"
+    assert cycles(edges) == []
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return root / "pkg"
+
+
+def test_the_cycle_check_sees_cycles(tmp_path: Path) -> None:
+    """The check must flag a cycle, or the test above proves nothing (relative imports, names, functions)."""
+    package = _write(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.a import f\n",
+            "pkg/a.py": "from . import b\ndef f():\n    from pkg import c\n",
+            "pkg/b.py": "import typing\nif typing.TYPE_CHECKING:\n    from pkg import a\nfrom .sub.d import X\n",
+            "pkg/c.py": "import pkg.a\n",
+            "pkg/sub/__init__.py": "",
+            "pkg/sub/d.py": "X = 1\ntry:\n    from ..a import f\nexcept ImportError:\n    pass\n",
+        },
+    )
+    problems = cycles(import_graph(package))
+    assert any(p.startswith("module-level import cycle: pkg.a -> pkg.b -> pkg.sub.d -> pkg.a") for p in problems)
+    assert any("pkg.a line 3: a function-level import closes pkg.a -> pkg.c -> pkg.a" in p for p in problems)
+    assert not any("TYPE_CHECKING" in p or p.startswith("pkg.b line 3") for p in problems)
+    (package / "a.py").write_text("def f():\n    from pkg import c  # cycle: c imports a at module level\n")
+    (package / "sub" / "d.py").write_text("X = 1\n")
+    assert cycles(import_graph(package)) == []
+
+
+@pytest.mark.slow  # imports torch, Ray and the rest in a fresh interpreter: ~6 s
+def test_every_module_imports() -> None:
+    """Each module of the package imports in a fresh interpreter, after nothing else of ours is loaded."""
+    names = [m for m in _modules(PACKAGE) if m != "instrument.__main__"]  # __main__ runs the command line
+    code = (
+        "import importlib, sys\n"
+        "failed = []\n"
+        "for name in sys.argv[1:]:\n"
+        "    for loaded in [m for m in sys.modules if m == 'instrument' or m.startswith('instrument.')]:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        "        failed.append(f'{name}: {type(exc).__name__}: {exc}')\n"
+        "print('\\n'.join(failed))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, *names], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == ""
+
+
+# --------------------------------------------------------------------------- the wheel
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel built offline from a copy of the checkout (examples/ included in the copy on purpose)."""
+    work = tmp_path_factory.mktemp("wheel")
+    source = work / "src"
+    source.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, source / name)
+    for name in ("instrument", "examples"):
+        shutil.copytree(ROOT / name, source / name, ignore=ignore)
+    command = [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "--no-index"]
+    done = subprocess.run(
+        [*command, "-q", "-w", str(work / "dist")], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    (built,) = (work / "dist").glob("instrument-*.whl")
+    return built
+
+
+def test_the_wheel_holds_the_library_and_no_demo(wheel: Path) -> None:
+    names = zipfile.ZipFile(wheel).namelist()
+    assert "instrument/__init__.py" in names and "instrument/_config_file.py" in names
+    assert "instrument/py.typed" in names
+    assert not [n for n in names if n.startswith("examples/") or "/examples/" in n]
+    assert not [n for n in names if "demo" in Path(n).name.lower()]
+    assert not [n for n in names if n.endswith((".yaml", ".yml", ".pyc"))]
+    version = wheel.name.split("-")[1]
+    assert {n.split("/")[0] for n in names} == {"instrument", f"instrument-{version}.dist-info"}
+
+
+def test_the_installed_wheel_works_away_from_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    """Unpacked outside the checkout and run from elsewhere: the CLI works, reads a config file, has no ``demo``."""
+    site = tmp_path / "site"
+    zipfile.ZipFile(wheel).extractall(site)
+    config = tmp_path / "profile.yaml"
+    config.write_text("steps: [2]\n")
+    code = (
+        "import sys, instrument, instrument.cli as cli\n"
+        "print(instrument.__file__)\n"
+        "print(instrument.ProfilerConfig.from_file(sys.argv[1], ['ranks=[1]']).ranks)\n"
+        "print(cli.main(['plan', '--config', sys.argv[1], '--num-steps', '2']))\n"
+        "cli.main(['demo'])\n"
+    )
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(config)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=HANG_GUARD_S,
+        check=False,
+    )
+    lines = done.stdout.splitlines()
+    assert lines[0] == str(site / "instrument" / "__init__.py")  # the wheel's copy, not the checkout's
+    assert lines[1] == "(1,)"
+    assert "steps    2 of 1-2" in done.stdout and lines[-1] == "0"
+    assert done.returncode == 2  # argparse refuses the removed subcommand
+    assert "invalid choice: 'demo'" in done.stderr
