@@ -7,7 +7,7 @@
   process dies (:mod:`instrument._reaper`).  It never raises: a broken hook must not break training.
 * :func:`move_into` moves a file into a directory without ever overwriting, also across
   filesystems (copy to a temp name, fsync, exclusive link into place, then remove the source).
-* :func:`wait_until_stable` waits for a file another process writes to stop changing.
+* :func:`wait_until_stable` waits for files another process writes to stop changing.
 
 Standard library only (plus ``instrument.*``).  See ``docs/finish-hook.md``.
 """
@@ -23,7 +23,7 @@ import shutil
 import stat
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
@@ -384,23 +384,45 @@ def move_into(src: str | os.PathLike[str], dest_dir: str | os.PathLike[str], nam
 
 
 def wait_until_stable(
-    path: str | os.PathLike[str], *, quiet_s: float = 0.5, timeout_s: float = 60.0, poll_s: float = 0.1
+    paths: str | os.PathLike[str] | Iterable[str | os.PathLike[str]],
+    *,
+    quiet_s: float = 0.5,
+    timeout_s: float = 60.0,
+    poll_s: float = 0.1,
+    missing_ok: bool = False,
 ) -> bool:
-    """Wait until ``path``'s size and mtime have not changed for ``quiet_s`` seconds.
+    """Wait until the size and mtime of ``paths`` (one path or several) have not changed for ``quiet_s``.
 
-    Returns ``True`` then; ``False`` when ``timeout_s`` passes first or the file is missing or vanishes.
+    Returns ``True`` then (at once for no paths); ``False`` when ``timeout_s`` passes first or a file
+    is missing or vanishes. With ``missing_ok`` a missing file is just one more state: its vanishing
+    counts as a change, so the others are still waited for.
     """
+    group = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+    if not group:
+        return True
+
+    def snapshot() -> tuple[tuple[int, int, int] | None, ...] | None:
+        seen: list[tuple[int, int, int] | None] = []
+        for path in group:
+            try:
+                st = os.stat(path)
+            except OSError:
+                if not missing_ok:
+                    return None
+                seen.append(None)
+                continue
+            seen.append((st.st_ino, st.st_size, st.st_mtime_ns))
+        return tuple(seen)
+
     start = time.monotonic()
     deadline = start + timeout_s
-    last: tuple[int, int, int] | None = None
+    last: tuple[tuple[int, int, int] | None, ...] | None = None
     since = start
     while True:
-        try:
-            st = os.stat(path)
-        except OSError:
+        seen = snapshot()
+        if seen is None:
             return False
         now = time.monotonic()
-        seen = (st.st_ino, st.st_size, st.st_mtime_ns)
         if seen != last:
             last, since = seen, now
         elif now - since >= quiet_s:

@@ -4,7 +4,7 @@ Ranks are global ranks of the job.  A rollout replica spans
 ``gpus_per_replica`` (tp x pp x dp) consecutive global ranks: global rank
 ``g`` is local rank ``g % gpus_per_replica`` of replica ``g // gpus_per_replica``.
 Engine trace files carry only the local rank; :func:`engine_trace_local_rank`
-reads it from vLLM and SGLang names.
+reads it from vLLM and SGLang names, :func:`engine_trace_rank` turns it into a global rank.
 """
 
 from __future__ import annotations
@@ -12,9 +12,12 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from typing import Protocol
 
 __all__ = [
+    "LocalRankParser",
     "engine_trace_local_rank",
+    "engine_trace_rank",
     "is_profiled_rank",
     "keep_engine_trace",
     "local_rank_of",
@@ -53,7 +56,7 @@ def validate_ranks(ranks: Iterable[int], world_size: int, field: str = "ranks") 
 
 def is_profiled_rank(rank: int, ranks: Iterable[int], all_ranks: bool = False) -> bool:
     """Whether global ``rank`` is selected by ``ranks`` / ``all_ranks``."""
-    return all_ranks or rank in set(ranks)
+    return all_ranks or rank in ranks
 
 
 def profiled_ranks(ranks: Iterable[int], all_ranks: bool, world_size: int) -> tuple[int, ...]:
@@ -109,6 +112,33 @@ def ranks_to_keep(
     return frozenset(rank for rank in members if rank in selected)
 
 
+class LocalRankParser(Protocol):
+    """Reads the rank inside its replica from an engine's trace file name (``None``: not readable)."""
+
+    def __call__(self, filename: str, *, ranks_per_dp_rank: int | None = None) -> int | None: ...
+
+
+def engine_trace_rank(
+    filename: str,
+    replica: int,
+    gpus_per_replica: int,
+    *,
+    ranks_per_dp_rank: int | None = None,
+    parse: LocalRankParser | None = None,
+) -> int | None:
+    """The global rank that wrote engine trace ``filename`` of ``replica``, or ``None`` when the name
+    does not tell (frontend traces, unknown names, a local rank outside the replica: a misread name).
+
+    ``parse`` reads the local rank (default :func:`engine_trace_local_rank`: vLLM and SGLang names).
+    """
+    _check_int("replica", replica, 0)
+    _check_int("gpus_per_replica", gpus_per_replica, 1)
+    local = (parse or engine_trace_local_rank)(filename, ranks_per_dp_rank=ranks_per_dp_rank)
+    if local is None or local >= gpus_per_replica:
+        return None
+    return replica * gpus_per_replica + local
+
+
 def keep_engine_trace(
     filename: str,
     replica: int,
@@ -116,19 +146,15 @@ def keep_engine_trace(
     keep: Iterable[int],
     *,
     ranks_per_dp_rank: int | None = None,
+    parse: LocalRankParser | None = None,
 ) -> bool:
     """Whether to keep engine trace ``filename`` of ``replica`` given the global ranks in ``keep``.
 
-    A file whose local rank cannot be read (frontend traces, unknown names) is kept:
+    A file whose global rank cannot be read (:func:`engine_trace_rank` gives ``None``) is kept:
     losing a trace is worse than moving one too many.
     """
-    local = engine_trace_local_rank(filename, ranks_per_dp_rank=ranks_per_dp_rank)
-    if local is None:
-        return True
-    if local >= gpus_per_replica:
-        return True  # a name we misread; keep rather than drop
-    _check_int("replica", replica, 0)
-    return replica * gpus_per_replica + local in set(keep)
+    rank = engine_trace_rank(filename, replica, gpus_per_replica, ranks_per_dp_rank=ranks_per_dp_rank, parse=parse)
+    return rank is None or rank in keep
 
 
 # vLLM >= 0.17: "[{prefix}_]rank{R}.{ns}.pt.trace.json.gz", or with "dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_" before

@@ -212,7 +212,7 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def stub() -> Iterator[tuple[str, dict[str, tuple[int, dict[str, str], bytes]]]]:
-    routes: ClassVar[dict[str, tuple[int, dict[str, str], bytes]]] = {}
+    routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
     handler = type("Handler", (_Stub,), {"routes": routes})
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)

@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from instrument.ranks import (
     engine_trace_local_rank,
+    engine_trace_rank,
     is_profiled_rank,
     keep_engine_trace,
     local_rank_of,
@@ -110,7 +111,7 @@ def test_ranks_to_keep_rejects_unknown_replica() -> None:
     with pytest.raises(ValueError):
         ranks_to_keep(-1, (0,), False, 8, 2)
     with pytest.raises(TypeError):
-        ranks_to_keep(True, (0,), False, 8, 2)  # type: ignore[arg-type]
+        ranks_to_keep(True, (0,), False, 8, 2)
 
 
 def test_drive_rejects_bad_replica_size() -> None:
@@ -179,6 +180,27 @@ def test_keep_engine_trace() -> None:
     # A local rank beyond the replica is a misread name: kept, not dropped.
     assert keep_engine_trace("rank2.123.pt.trace.json.gz", 0, 2, [0, 1])
     assert keep_engine_trace("1712345678.123-TP-7.trace.json.gz", 1, 4, [])
+
+
+def test_engine_trace_rank() -> None:
+    assert engine_trace_rank("step3_rank1.123.pt.trace.json.gz", 2, 2) == 5
+    assert engine_trace_rank("1712345678.123-TP-1.trace.json.gz", 0, 4) == 1
+    assert engine_trace_rank("dp1_pp0_tp0_dcp0_ep0_rank1.123.pt.trace.json.gz", 1, 4, ranks_per_dp_rank=2) == 7
+    assert engine_trace_rank("myhost_1234.async_llm.123.pt.trace.json.gz", 2, 2) is None  # frontend
+    assert engine_trace_rank("rank2.123.pt.trace.json.gz", 0, 2) is None  # outside the replica: misread
+
+    # An engine with its own names brings its own parser; the rest stays the same.
+    def by_suffix(filename: str, *, ranks_per_dp_rank: int | None = None) -> int | None:
+        return int(filename.rsplit("gpu", 1)[1]) if "gpu" in filename else None
+
+    assert engine_trace_rank("trace-gpu1", 3, 2, parse=by_suffix) == 7
+    assert not keep_engine_trace("trace-gpu0", 3, 2, [7], parse=by_suffix)
+    assert keep_engine_trace("notes", 3, 2, [], parse=by_suffix)
+    # Bad arguments fail whatever the name says.
+    with pytest.raises(ValueError, match="'replica' must be >= 0"):
+        engine_trace_rank("notes.txt", -1, 2)
+    with pytest.raises(TypeError, match="'gpus_per_replica' must be an int"):
+        keep_engine_trace("notes.txt", 0, 2.0, [])  # type: ignore[arg-type]
 
 
 # --- selection --------------------------------------------------------------------------------

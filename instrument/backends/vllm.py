@@ -1,18 +1,19 @@
-"""Profile vLLM rollout engines: launch arguments, which replicas, start/stop, and bringing traces home.
+"""Profile vLLM rollout engines: launch arguments and the two drivers (HTTP server, in-process engine).
 
-A rollout step runs on vLLM engines. For a profiled step this module
+A rollout step runs on vLLM engines. For a profiled step
 
-1. builds the engine's launch arguments from the configuration and the vLLM version
-   (:func:`profiler_launch_args`): ``--profiler-config '<json>'`` for vLLM >= 0.13, with only
-   the fields that version knows, else the ``VLLM_TORCH_PROFILER_*`` environment variables;
-2. says which replicas to drive (:func:`engine_to_drive`): profiling ranks are global GPU ranks,
-   a replica spans ``gpus_per_replica`` of them and is driven from its local rank 0 only;
-3. starts and stops the engine profiler over HTTP (:class:`HttpEngineDriver`) or through the
-   Python engine API (:class:`EngineDriver`);
-4. moves the engine's traces into ``save_path`` (:func:`relocate_engine_traces`) under a prefix
-   carrying role, step, global rank and replica, keeping only the requested ranks.
+1. :func:`profiler_launch_args` builds the engine's launch arguments from the configuration and
+   the vLLM version: ``--profiler-config '<json>'`` for vLLM >= 0.13, with only the fields that
+   version knows, else the ``VLLM_TORCH_PROFILER_*`` environment variables;
+2. :class:`HttpEngineDriver` (a server) or :class:`InProcessEngineDriver` (``LLM`` / ``AsyncLLM``)
+   starts and stops the engine profiler;
+3. the engine-generic part, in :mod:`instrument.backends.engines`, picks the replicas to drive
+   (:func:`engine_to_drive`), moves the traces into ``save_path`` (:func:`relocate_engine_traces`)
+   and ties it together per worker (:class:`RolloutProfiler`). Those names are importable from
+   here too.
 
-:class:`RolloutProfiler` ties these together for one rollout worker. Imports neither vLLM nor torch.
+``EngineDriver`` here is the in-process driver's former name, kept as an alias; the driver
+protocol is :class:`instrument.backends.engines.EngineDriver`. Imports neither vLLM nor torch.
 """
 
 from __future__ import annotations
@@ -26,22 +27,28 @@ import logging
 import os
 import re
 import time
-from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from instrument import naming, ranks
-from instrument._finish import move_into
 from instrument._http import check_http_url, check_timeout
 from instrument._http import request as http_request
-from instrument._manifest import Manifest, TraceRecord
+from instrument.backends.engines import (
+    VLLM_TRACES,
+    EngineProfilerError,
+    RelocationResult,
+    RolloutProfiler,
+    engine_to_drive,
+    relocate_engine_traces,
+    replica_profiler_dir,
+)
 from instrument.config import ProfilerConfig
 
 __all__ = [
     "EngineDriver",
     "EngineProfilerError",
     "HttpEngineDriver",
+    "InProcessEngineDriver",
     "LaunchArgs",
     "RelocationResult",
     "RolloutProfiler",
@@ -155,13 +162,6 @@ class LaunchArgs:
         return json.loads(self.args[self.args.index("--profiler-config") + 1])  # type: ignore[no-any-return]
 
 
-def replica_profiler_dir(base: str | os.PathLike[str], replica: int) -> str:
-    """Each replica's own profiler directory: data-parallel engines sharing one directory collide."""
-    if isinstance(replica, bool) or not isinstance(replica, int) or replica < 0:
-        raise ValueError(f"'replica' must be an int >= 0: {replica!r}")
-    return os.path.join(os.path.abspath(base), f"replica{replica}")
-
-
 def profiler_launch_args(
     config: ProfilerConfig,
     *,
@@ -218,23 +218,7 @@ def profiler_launch_args(
     return LaunchArgs(args=("--profiler-config", json.dumps(sent, separators=(",", ":"))), env={}, dropped=dropped)
 
 
-def engine_to_drive(global_rank: int, *, gpus_per_replica: int, world_size: int, config: ProfilerConfig) -> int | None:
-    """The replica this rank drives, or ``None``: only a replica's local rank 0 drives it, and only
-    replicas holding a profiled rank are driven."""
-    if not config.active:
-        return None
-    replica = ranks.replica_of(global_rank, gpus_per_replica)
-    if ranks.local_rank_of(global_rank, gpus_per_replica) != 0:
-        return None
-    driven = ranks.replicas_to_drive(config.ranks, config.all_ranks, world_size, gpus_per_replica)
-    return replica if replica in driven else None
-
-
 # --------------------------------------------------------------------------- driving
-
-
-class EngineProfilerError(RuntimeError):
-    """An engine profiler call failed; the message says what to do about it."""
 
 
 class HttpEngineDriver:
@@ -245,6 +229,8 @@ class HttpEngineDriver:
     raise :class:`EngineProfilerError` (a bad answer) or ``OSError`` (no complete answer: timed out,
     unreachable, not HTTP, short body), each with a message naming the request.
     """
+
+    traces = VLLM_TRACES
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0, stop_timeout_s: float = 600.0) -> None:
         self.base_url = check_http_url(base_url)
@@ -294,8 +280,10 @@ class HttpEngineDriver:
             raise EngineProfilerError(f"{self.base_url}/{route} answered {status}: {text[:200]!r}")
 
 
-class EngineDriver:
+class InProcessEngineDriver:
     """Start and stop the profiler of an in-process engine (``vllm.LLM`` or ``AsyncLLM``)."""
+
+    traces = VLLM_TRACES
 
     def __init__(self, engine: Any) -> None:
         if not callable(getattr(engine, "start_profile", None)) or not callable(getattr(engine, "stop_profile", None)):
@@ -326,6 +314,9 @@ def _run_coroutine(awaitable: Any) -> None:
     except RuntimeError:
         asyncio.run(_await(awaitable))
         return
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()  # it will never be awaited: close it rather than leave a RuntimeWarning to the collector
     raise EngineProfilerError("AsyncLLM profiling inside a running event loop: await engine.start_profile() yourself")
 
 
@@ -333,205 +324,5 @@ async def _await(awaitable: Any) -> None:
     await awaitable
 
 
-# --------------------------------------------------------------------------- relocation
-
-
-@dataclass
-class RelocationResult:
-    """What :func:`relocate_engine_traces` did with each file of the profiler directory."""
-
-    moved: list[TraceRecord] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)  # TP peers, left where they were
-    failed: list[str] = field(default_factory=list)
-
-
-def _wait_quiet(paths: Iterable[Path], *, quiet_s: float, timeout_s: float) -> bool:
-    """Wait until none of ``paths`` has changed size or mtime for ``quiet_s``."""
-
-    def snapshot() -> dict[Path, tuple[int, int]]:
-        state = {}
-        for path in paths:
-            try:
-                st = path.stat()
-            except OSError:
-                continue
-            state[path] = (st.st_size, st.st_mtime_ns)
-        return state
-
-    deadline = time.monotonic() + timeout_s
-    last, quiet_since = snapshot(), time.monotonic()
-    while time.monotonic() < deadline:
-        time.sleep(min(0.1, quiet_s))
-        now = snapshot()
-        if now != last:
-            last, quiet_since = now, time.monotonic()
-        elif time.monotonic() - quiet_since >= quiet_s:
-            return True
-    return False
-
-
-def relocate_engine_traces(
-    source_dir: str | os.PathLike[str],
-    *,
-    save_path: str | os.PathLike[str],
-    step: int,
-    replica: int,
-    gpus_per_replica: int,
-    world_size: int,
-    keep_ranks: Collection[int],
-    role: str = "rollout",
-    ranks_per_dp_rank: int | None = None,
-    manifest: Manifest | None = None,
-    since_ns: int | None = None,
-    quiet_s: float = 0.5,
-    timeout_s: float = 120.0,
-) -> RelocationResult:
-    """Move the traces of ``replica`` from ``source_dir`` into ``save_path``, keeping only ``keep_ranks``.
-
-    Waits until the files stop growing; a file whose rank cannot be read is kept (labelled
-    ``rank-unknown``); frontend traces are labelled ``frontend``; TP peers are left in place.
-    Moves never overwrite (cross-filesystem: temp copy, fsync, rename). ``since_ns`` skips files
-    last modified before it (an earlier step's leftovers). Raises ``OSError`` only when
-    ``source_dir`` cannot be listed.
-    """
-    source = Path(source_dir)
-    candidates = sorted(
-        p
-        for p in source.iterdir()
-        if p.is_file() and not p.name.startswith(".") and (since_ns is None or p.stat().st_mtime_ns >= since_ns)
-    )
-    if not _wait_quiet(candidates, quiet_s=quiet_s, timeout_s=timeout_s):
-        logger.warning("instrument: traces in %s still growing after %g s; moving them anyway", source, timeout_s)
-    result = RelocationResult()
-    keep = set(keep_ranks)
-    Path(save_path).mkdir(parents=True, exist_ok=True)
-    for path in candidates:
-        frontend = ".async_llm." in path.name
-        local = ranks.engine_trace_local_rank(path.name, ranks_per_dp_rank=ranks_per_dp_rank)
-        rank = None if local is None or local >= gpus_per_replica else replica * gpus_per_replica + local
-        if rank is not None and rank not in keep:
-            result.dropped.append(str(path))
-            continue
-        name = (
-            naming.engine_trace_prefix(
-                role=role, step=step, replica=replica, rank=rank, world_size=world_size, frontend=frontend
-            )
-            + path.name
-        )
-        try:
-            moved = move_into(path, save_path, name)
-        except (OSError, ValueError) as exc:
-            logger.warning("instrument: could not move %s into %s: %s", path, save_path, exc)
-            result.failed.append(str(path))
-            continue
-        record = TraceRecord(
-            path=moved.name,  # relative to save_path, like every manifest line
-            role=role,
-            stage="frontend" if frontend else "engine",
-            step=step,
-            rank=-1 if rank is None else rank,
-            world=world_size,
-            window=None,
-            partial=False,
-            bytes=moved.stat().st_size,
-            tool="vllm",
-        )
-        result.moved.append(record)
-        if manifest is not None:
-            manifest.append(record)
-    return result
-
-
-# --------------------------------------------------------------------------- one rollout worker
-
-
-class RolloutProfiler:
-    """Profile the vLLM engine of one rollout worker on the configured steps; never raises.
-
-    ``rank`` / ``world_size`` are global GPU ranks; the worker at a replica's local rank 0 drives
-    it. ``profiler_base`` is the directory the engine's launch arguments named through
-    :func:`replica_profiler_dir` (pass the same base here).
-    """
-
-    def __init__(
-        self,
-        config: ProfilerConfig,
-        driver: HttpEngineDriver | EngineDriver,
-        *,
-        rank: int,
-        world_size: int,
-        gpus_per_replica: int,
-        profiler_base: str | os.PathLike[str],
-        role: str = "rollout",
-    ) -> None:
-        ranks.validate_ranks([rank], world_size, field="rank")
-        self.config = config
-        self.driver = driver
-        self.rank = rank
-        self.world_size = world_size
-        self.gpus_per_replica = gpus_per_replica
-        self.role = role
-        self.replica = engine_to_drive(rank, gpus_per_replica=gpus_per_replica, world_size=world_size, config=config)
-        self.profiler_dir = None if self.replica is None else replica_profiler_dir(profiler_base, self.replica)
-        self.manifest = Manifest(config.save_path)
-        self.failures = 0
-        self.records: list[TraceRecord] = []
-        self._running_step: int | None = None
-        self._started_ns = 0
-
-    def _fail(self, what: str, exc: BaseException) -> None:
-        self.failures += 1
-        logger.warning("instrument: rollout %s (replica %s): %s; training continues", what, self.replica, exc)
-
-    def start(self, step: int) -> bool:
-        """Start the engine profiler if this worker drives a replica and ``step`` is profiled."""
-        if self.replica is None or not self.config.profiles_step(step):
-            return False
-        self._started_ns = time.time_ns()
-        try:
-            self.driver.start(prefix=f"step{step}")
-        except Exception as exc:
-            self._fail(f"start at step {step}", exc)
-            return False
-        self._running_step = step
-        return True
-
-    def stop(self, step: int) -> list[TraceRecord]:
-        """Stop the engine profiler and move this replica's kept traces into ``save_path``."""
-        if self._running_step != step or self.replica is None or self.profiler_dir is None:
-            return []
-        self._running_step = None
-        try:
-            self.driver.stop()
-        except Exception as exc:
-            self._fail(f"stop at step {step}", exc)
-            return []
-        if not self.config.relocate_results:
-            return []
-        keep = ranks.ranks_to_keep(
-            self.replica, self.config.ranks, self.config.all_ranks, self.world_size, self.gpus_per_replica
-        )
-        try:
-            result = relocate_engine_traces(
-                self.profiler_dir,
-                save_path=self.config.save_path,
-                step=step,
-                replica=self.replica,
-                gpus_per_replica=self.gpus_per_replica,
-                world_size=self.world_size,
-                keep_ranks=keep,
-                role=self.role,
-                manifest=self.manifest,
-                since_ns=self._started_ns,
-            )
-        except Exception as exc:
-            self._fail(f"relocation at step {step}", exc)
-            return []
-        self.records.extend(result.moved)
-        if not result.moved:
-            logger.warning(
-                "instrument: rollout step %d: no engine trace in %s (see docs/rollout.md, troubleshooting)",
-                step,
-                self.profiler_dir,
-            )
-        return result.moved
+EngineDriver = InProcessEngineDriver
+"""The former name of :class:`InProcessEngineDriver` (the driver protocol is ``engines.EngineDriver``)."""
