@@ -27,9 +27,10 @@ $(VLLM_STAMP):
 	touch $(VLLM_STAMP)
 
 lint: $(STAMP)
-	$(BIN)/ruff check instrument tests benchmarks
-	$(BIN)/ruff format --check instrument tests benchmarks
+	$(BIN)/ruff check instrument tests benchmarks examples
+	$(BIN)/ruff format --check instrument tests benchmarks examples
 	$(BIN)/mypy --strict
+	MYPYPATH=examples $(BIN)/mypy --strict examples
 
 test: lint $(VLLM_STAMP)
 	INSTRUMENT_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest

@@ -158,14 +158,14 @@ class Session(StageTracing):
         try:
             Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
             factories = RECORDER_OVERRIDE or [configured_recorder]
-            recorders = [factory(self._publish, self._fail, tool=self.config.tool) for factory in factories]
+            recorders = [factory(self.publish, self._fail, tool=self.config.tool) for factory in factories]
             self._backend = recorders[0] if len(recorders) == 1 else Recorders(recorders)
         except Exception as exc:
             self._backend_failed = True
             self._fail(f"cannot profile into {self.config.save_path!r}", exc)
         return self._backend
 
-    def _publish(self, record: TraceRecord) -> None:
+    def publish(self, record: TraceRecord) -> None:
         """A recorder saved a complete file (any thread): list it in the manifest and the run."""
         self.records.append(record)
         if self.metrics is not None:

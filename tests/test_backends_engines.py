@@ -125,6 +125,16 @@ def test_profilers_of_one_process_share_one_manifest(tmp_path: Path) -> None:
     assert sorted(r.rank for r in read_manifests(tmp_path / "save")) == [0, 2]
 
 
+def test_in_a_configured_process_engine_traces_join_the_runs_manifest(tmp_path: Path) -> None:
+    """The session publishes them: one manifest for the process, and finish() lists them."""
+    run = ins.configure(ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,)), role="rollout", rank=0)
+    profiler = _profiler(tmp_path)
+    assert profiler.start(1)
+    [record] = profiler.stop(1)
+    assert [Path(f).name for f in ins.finish()] == [record.path]
+    assert [m.name for m in (tmp_path / "save").glob(MANIFEST_GLOB)] == [run.manifest_path.name]
+
+
 def test_a_given_manifest_gets_the_lines(tmp_path: Path) -> None:
     mine = Manifest(tmp_path / "save")
     profiler = _profiler(tmp_path, manifest=mine)

@@ -164,19 +164,6 @@ def test_bad_override_alone(capsys: pytest.CaptureFixture[str], override: str) -
     _assert_one_line_error(status, out, err, "plan")
 
 
-@pytest.mark.parametrize("ray", [False, True], ids=["demo", "demo-ray"])
-def test_demo_reports_a_bad_config_the_same_way(tmp_path: Path, capsys: pytest.CaptureFixture[str], ray: bool) -> None:
-    """``instrument demo`` loads its config through the same ``load_config`` (before training or Ray starts)."""
-    if ray:
-        pytest.importorskip("ray")
-    path = tmp_path / "broken.yaml"
-    path.write_text("steps: [1\n")
-    status = main(["demo", *(["--ray"] if ray else []), f"--config={path}", f"save_path={tmp_path / 'out'}"])
-    out, err = capsys.readouterr()
-    _assert_one_line_error(status, out, err, "demo", "broken.yaml", "invalid YAML at line 2")
-    assert not (tmp_path / "out").exists()
-
-
 # --------------------------------------------------------------------------- L2: huge runs by arithmetic
 
 
