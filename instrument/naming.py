@@ -20,6 +20,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
+from instrument._checks import check_int
+
 __all__ = [
     "CONTINUOUS_STAGE",
     "ENGINE_TRACE",
@@ -135,13 +137,6 @@ class TraceName:
         return trace_basename(**asdict(self))
 
 
-def _check_int(field: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"'{field}' must be an int: {value!r}")
-    if value < minimum:
-        raise ValueError(f"'{field}' must be >= {minimum}: {value}")
-
-
 def trace_prefix(
     *,
     role: str,
@@ -154,16 +149,16 @@ def trace_prefix(
     triggered: bool = False,
 ) -> str:
     """The part of a trace name before ``_{host}_pid{pid}_{timestamp}``; ``triggered`` adds ``_trig``."""
-    _check_int("step", step, 0)
-    _check_int("world_size", world_size, 1)
-    _check_int("rank", rank, 0)
+    check_int("step", step, 0)
+    check_int("world_size", world_size, 1)
+    check_int("rank", rank, 0)
     if rank >= world_size:
         raise ValueError(f"'rank' must be < world_size ({world_size}): {rank}")
     name = f"{sanitize_label(role)}_{sanitize_label(stage)}_step{step}_rank{rank}-of-{world_size}"
     if window is not None:
         first, last = window
-        _check_int("window first", first, 0)
-        _check_int("window last", last, first)
+        check_int("window first", first, 0)
+        check_int("window last", last, first)
         name += f"_mb{first}" if first == last else f"_mb{first}-{last}"
     elif partial:
         raise ValueError("'partial' needs a 'window': only a mini-batch window can be partial")
@@ -202,8 +197,8 @@ def trace_basename(
     host = short_hostname() if host is None else sanitize_label(host)
     pid = os.getpid() if pid is None else pid
     timestamp_ns = next_timestamp_ns() if timestamp_ns is None else timestamp_ns
-    _check_int("pid", pid, 0)
-    _check_int("timestamp_ns", timestamp_ns, 0)
+    check_int("pid", pid, 0)
+    check_int("timestamp_ns", timestamp_ns, 0)
     return f"{prefix}_{host}_pid{pid}_{timestamp_ns}"
 
 

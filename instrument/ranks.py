@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable
 from typing import Protocol
 
+from instrument._checks import check_int
+
 __all__ = [
     "LocalRankParser",
     "engine_trace_local_rank",
@@ -29,25 +31,18 @@ __all__ = [
 ]
 
 
-def _check_int(field: str, value: int, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"'{field}' must be an int: {value!r}")
-    if value < minimum:
-        raise ValueError(f"'{field}' must be >= {minimum}: {value}")
-
-
 def _check_rank(rank: int, world_size: int, field: str = "rank") -> None:
-    _check_int("world_size", world_size, 1)
-    _check_int(field, rank, 0)
+    check_int("world_size", world_size, 1)
+    check_int(field, rank, 0)
     if rank >= world_size:
         raise ValueError(f"'{field}' {rank} is outside the world of {world_size} ranks (0..{world_size - 1})")
 
 
 def validate_ranks(ranks: Iterable[int], world_size: int, field: str = "ranks") -> None:
     """Raise ``ValueError`` naming the first selected rank that is not in ``0..world_size-1``."""
-    _check_int("world_size", world_size, 1)
+    check_int("world_size", world_size, 1)
     for rank in ranks:
-        _check_int(field, rank, 0)
+        check_int(field, rank, 0)
         if rank >= world_size:
             raise ValueError(
                 f"'{field}' selects rank {rank}, outside the world of {world_size} ranks (0..{world_size - 1})"
@@ -62,7 +57,7 @@ def is_profiled_rank(rank: int, ranks: Iterable[int], all_ranks: bool = False) -
 def profiled_ranks(ranks: Iterable[int], all_ranks: bool, world_size: int) -> tuple[int, ...]:
     """The selected global ranks of a world, sorted; rejects ranks outside it."""
     if all_ranks:
-        _check_int("world_size", world_size, 1)
+        check_int("world_size", world_size, 1)
         return tuple(range(world_size))
     selected = sorted(set(ranks))
     validate_ranks(selected, world_size)
@@ -71,21 +66,21 @@ def profiled_ranks(ranks: Iterable[int], all_ranks: bool, world_size: int) -> tu
 
 def replica_of(global_rank: int, gpus_per_replica: int) -> int:
     """The replica that global rank ``global_rank`` belongs to."""
-    _check_int("gpus_per_replica", gpus_per_replica, 1)
-    _check_int("global_rank", global_rank, 0)
+    check_int("gpus_per_replica", gpus_per_replica, 1)
+    check_int("global_rank", global_rank, 0)
     return global_rank // gpus_per_replica
 
 
 def local_rank_of(global_rank: int, gpus_per_replica: int) -> int:
     """The rank of ``global_rank`` inside its replica."""
-    _check_int("gpus_per_replica", gpus_per_replica, 1)
-    _check_int("global_rank", global_rank, 0)
+    check_int("gpus_per_replica", gpus_per_replica, 1)
+    check_int("global_rank", global_rank, 0)
     return global_rank % gpus_per_replica
 
 
 def _check_world(world_size: int, gpus_per_replica: int) -> None:
-    _check_int("gpus_per_replica", gpus_per_replica, 1)
-    _check_int("world_size", world_size, 1)
+    check_int("gpus_per_replica", gpus_per_replica, 1)
+    check_int("world_size", world_size, 1)
     if world_size % gpus_per_replica:
         raise ValueError(
             f"'world_size' {world_size} is not a multiple of 'gpus_per_replica' {gpus_per_replica}: "
@@ -131,8 +126,8 @@ def engine_trace_rank(
 
     ``parse`` reads the local rank (default :func:`engine_trace_local_rank`: vLLM and SGLang names).
     """
-    _check_int("replica", replica, 0)
-    _check_int("gpus_per_replica", gpus_per_replica, 1)
+    check_int("replica", replica, 0)
+    check_int("gpus_per_replica", gpus_per_replica, 1)
     local = (parse or engine_trace_local_rank)(filename, ranks_per_dp_rank=ranks_per_dp_rank)
     if local is None or local >= gpus_per_replica:
         return None
@@ -196,7 +191,7 @@ def engine_trace_local_rank(filename: str, *, ranks_per_dp_rank: int | None = No
             return int(match["rank"])
         if ranks_per_dp_rank is None:
             return None
-        _check_int("ranks_per_dp_rank", ranks_per_dp_rank, 1)
+        check_int("ranks_per_dp_rank", ranks_per_dp_rank, 1)
         return dp * ranks_per_dp_rank + int(match["rank"])
     match = _VLLM_LEGACY.search(base)
     if match:
