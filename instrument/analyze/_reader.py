@@ -41,6 +41,7 @@ from typing import Any
 from instrument import naming
 from instrument._manifest import read_manifests
 from instrument.analyze import _safe_io
+from instrument.analyze._gpu import GpuAccumulator, GpuRow, is_profiler_step
 from instrument.analyze._safe_io import GuardedReader, TraceError
 from instrument.ranks import engine_trace_local_rank
 
@@ -71,6 +72,7 @@ _ENGINE = naming.ENGINE_TRACE
 _FRONTEND = naming.FRONTEND_TRACE
 _PREFIX_STEP = re.compile(r"(?:^|_)step(\d+)(?:_|$)")
 _READ_CHUNK = 1 << 20
+_GPU_OTHER = frozenset({"gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})  # GPU work and launches
 
 
 def label_key(label: str) -> str:
@@ -347,6 +349,8 @@ class FileScan:
     header: dict[str, Any]
     events: int
     bytes: int
+    gpu: list[GpuRow] = field(default_factory=list)
+    """GPU time of the whole file and of each ``ProfilerStep`` (:mod:`._gpu`); empty without GPU events."""
 
 
 @dataclass
@@ -426,10 +430,14 @@ class _Scanner:
         self.event_ts = array("d")
         self.kernel_ts = array("d")
         self.kernel_dur = array("d")
+        self.gpu = GpuAccumulator()
 
     def _kind(self, name: str) -> int:
-        """0: an ordinary event, 1: a mini-batch range, 2: a stage range (or, continuous, a candidate)."""
-        if _MINI_BATCH.match(name):
+        """0: an ordinary event, 1: a mini-batch range, 2: a stage range (or, continuous, a candidate),
+        3: a ``ProfilerStep#N`` range (otherwise an ordinary event)."""
+        if is_profiler_step(name) is not None:
+            kind = 3
+        elif _MINI_BATCH.match(name):
             kind = 1
         elif self.continuous:
             kind = 2 if _STAGE_LIKE.match(name) and not name.startswith("ProfilerStep") else 0
@@ -438,7 +446,7 @@ class _Scanner:
         self.kinds[name] = kind
         return kind
 
-    def feed(self, events: Iterable[Any]) -> None:
+    def feed(self, events: Iterable[Any]) -> None:  # noqa: PLR0915 - one hot loop, inline for speed
         kinds = self.kinds
         cpu = self.cpu
         continuous = self.continuous
@@ -472,6 +480,8 @@ class _Scanner:
                 if kind == 2:
                     self.markers.append((str(name), ts, end, ev.get("pid"), ev.get("tid"), cat))
                     continue
+                if kind == 3:
+                    self.gpu.add_step(is_profiler_step(str(name)) or 0, ts, end)
                 if cat == "cpu_op":
                     key = (ev.get("pid"), ev.get("tid"))
                     ranges = cpu.get(key)
@@ -485,6 +495,9 @@ class _Scanner:
                 if continuous:
                     self.kernel_ts.append(ts)
                     self.kernel_dur.append(end - ts)
+                self.gpu.add(ev, cat, ts, end)
+            elif cat in _GPU_OTHER:
+                self.gpu.add(ev, cat, ts, end)
         self.events += count
         self.first, self.last = first, last
         self.kernel_us, self.kernels = kernel_us, kernels
@@ -607,7 +620,7 @@ def scan_file(trace: TraceFile) -> FileScan:
         scanner = _Scanner(_stage_name(trace, header), trace.continuous)
         with _safe_io.open_json(trace.path) as stream, _gc_paused():
             scanner.feed(_events_ijson(stream))
-        return FileScan(scanner.finish(), header, scanner.events, size)
+        return FileScan(scanner.finish(), header, scanner.events, size, scanner.gpu.rows())
     except TraceError:
         raise
     except Exception as exc:
@@ -632,7 +645,7 @@ def _scan_whole(trace: TraceFile, loads: Callable[[bytes], Any], size: int, limi
         scanner = _Scanner(_stage_name(trace, header), trace.continuous)
         scanner.feed(e for e in events if isinstance(e, dict))
         del data, events
-    return FileScan(scanner.finish(), header, scanner.events, size)
+    return FileScan(scanner.finish(), header, scanner.events, size, scanner.gpu.rows())
 
 
 def meta_label(meta: Any, key: str) -> str | None:

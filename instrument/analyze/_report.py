@@ -13,10 +13,11 @@ import statistics
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from instrument.analyze._gpu import GpuTimes
 from instrument.analyze._reader import (
     FileScan,
     Skipped,
@@ -156,6 +157,8 @@ class Report:
     elapsed_s: float
     jobs: int
     caveat: str = CLOCK_CAVEAT
+    gpu: tuple[dict[str, Any], ...] = ()
+    """GPU time per rank: the whole trace (``step`` None), then each ``ProfilerStep`` (:mod:`._gpu`)."""
 
     @property
     def ok(self) -> bool:
@@ -192,6 +195,7 @@ class Report:
             "caveat": self.caveat,
             "stages": [s.to_dict() for s in self.stages],
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
+            "gpu": list(self.gpu),
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -379,6 +383,7 @@ def analyze(
         events=fold.events,
         elapsed_s=time.perf_counter() - started,
         jobs=jobs,
+        gpu=fold.gpu_rows(),
     )
 
 
@@ -431,8 +436,10 @@ class _Fold:
         self.cells: dict[_CellKey, _Cell] = {}
         self.names: dict[str, str] = {}  # label key -> the name as the user wrote it
         self.files = self.bytes = self.events = 0
+        self.gpu: dict[tuple[int, int], tuple[int | None, int | None, GpuTimes]] = {}
 
     def add(self, trace: TraceFile, scan: FileScan) -> None:
+        self._add_gpu(trace, scan)
         self.files += 1
         self.bytes += scan.bytes
         self.events += scan.events
@@ -460,6 +467,24 @@ class _Fold:
             if trace.window is not None:
                 cell.windows.append(trace.window)
             cell.partial = cell.partial or trace.partial
+
+    def _add_gpu(self, trace: TraceFile, scan: FileScan) -> None:
+        steps = self.filters.steps
+        for row in scan.gpu:
+            if row.step is not None and steps is not None and row.step not in steps:
+                continue
+            # sort key: rank (unknown last), whole trace first, then steps
+            key = (-1 if trace.rank is None else trace.rank, -1 if row.step is None else row.step)
+            held = self.gpu.get(key)
+            if held is None:
+                self.gpu[key] = (trace.rank, row.step, replace(row.times))
+            else:
+                held[2].add(row.times)
+
+    def gpu_rows(self) -> tuple[dict[str, Any], ...]:
+        """The ``gpu`` rows of the JSON, by rank then step."""
+        order = sorted(self.gpu, key=lambda k: (k[0] < 0, k))
+        return tuple({"rank": self.gpu[k][0], "step": self.gpu[k][1], **self.gpu[k][2].to_dict()} for k in order)
 
     def groups(self) -> dict[tuple[int, str, str], list[RankStats]]:
         """The ranks of every step x role x stage."""

@@ -1,0 +1,197 @@
+"""GPU time per rank (``instrument.analyze._gpu``), checked against HolisticTraceAnalysis on real traces."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from instrument import cli
+from instrument.analyze import _reader as reader
+from instrument.analyze import analyze
+from instrument.analyze._gpu import GpuAccumulator, GpuRow, is_profiler_step
+
+DATA = Path(__file__).parent / "data" / "hta"
+FIELDS = (
+    "span_us",
+    "busy_us",
+    "idle_us",
+    "compute_us",
+    "non_compute_us",
+    "communication_us",
+    "memory_us",
+    "comm_comp_overlap_pct",
+)
+
+# HolisticTraceAnalysis 0.5.0 (pip wheel, in a throwaway venv), run once on these files:
+#   TraceAnalysis(trace_dir=D, include_last_profiler_step=True): get_temporal_breakdown() gives
+#   span (kernel_time), idle, compute, non_compute; get_comm_comp_overlap() the overlap %.
+#   Per step: the same two analyzers on each rank's frame cut to `iteration == N`.
+#   communication / memory: HTA's merge_kernel_intervals over its get_kernel_type classes.
+# Row: rank, step, span, idle, compute, non_compute, communication, memory, overlap %.
+HTA: dict[str, list[tuple[int, int | None, float, float, float, float, float, float, float]]] = {
+    "trace_filter": [
+        (0, None, 1222847, 675191, 210320, 337336, 396199, 1325, 14.95),
+        (0, 551, 600058, 321378, 106252, 172428, 195327, 662, 11.81),
+        (0, 552, 615601, 346625, 104068, 164908, 200872, 663, 18.00),
+        (1, None, 1231186, 651136, 271973, 308077, 379053, 16504, 19.93),
+        (1, 551, 600674, 328671, 135548, 136455, 168027, 2667, 20.05),
+        (1, 552, 623286, 315239, 136425, 171622, 211026, 13837, 19.83),
+    ],
+    "negative_queue": [
+        (0, None, 1229072, 848216, 179676, 201180, 163138, 45030, 1.47),
+        (0, 550, 368256, 292875, 35713, 39668, 31675, 9219, 1.46),
+        (0, 551, 375129, 295659, 35891, 43579, 36190, 8876, 1.41),
+        (0, 552, 375254, 300306, 36292, 38656, 30858, 9232, 1.41),
+        (0, 553, 375134, 294174, 35940, 45020, 37767, 8742, 1.23),
+        (0, 554, 372277, 302101, 35840, 34336, 26648, 9040, 2.00),
+    ],
+}
+
+
+def _assert_agrees(rows: list[dict[str, Any]], expected: list[tuple[Any, ...]]) -> None:
+    assert [(r["rank"], r["step"]) for r in rows] == [(e[0], e[1]) for e in expected]
+    for row, (_, _, span, idle, compute, non_compute, comm, memory, overlap) in zip(rows, expected, strict=True):
+        want = {
+            "span_us": span,
+            "busy_us": span - idle,
+            "idle_us": idle,
+            "compute_us": compute,
+            "non_compute_us": non_compute,
+            "communication_us": comm,
+            "memory_us": memory,
+        }
+        for key, value in want.items():
+            assert abs(row[key] - value) <= 0.01 * span, (row, key, value)
+        # 1% of the span, said of the overlapping time
+        assert abs(row["comm_comp_overlap_pct"] - overlap) / 100 * comm <= 0.01 * span, row
+
+
+@pytest.mark.parametrize("name", sorted(HTA))
+def test_gpu_breakdown_agrees_with_hta_on_real_traces(name: str) -> None:
+    report = analyze(DATA / name, jobs=1)
+    assert report.ok
+    _assert_agrees(list(report.gpu), HTA[name])
+
+
+def test_streamed_files_give_the_same_rows_as_files_decoded_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    whole = analyze(DATA / "trace_filter", jobs=1).gpu
+    monkeypatch.setattr(reader, "SMALL_FILE_BYTES", 0)  # every file through the ijson stream
+    assert analyze(DATA / "trace_filter", jobs=1).gpu == whole
+
+
+def test_json_has_a_gpu_list_with_the_contract_keys(capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["analyze", str(DATA / "trace_filter"), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert "stages" in out  # existing keys stay
+    assert {(r["rank"], r["step"]) for r in out["gpu"]} >= {(0, None), (1, None)}
+    for row in out["gpu"]:
+        assert set(row) == {"rank", "step", *FIELDS}
+
+
+def _write(path: Path, events: list[dict[str, Any]], rank: int = 0) -> None:
+    path.write_text(json.dumps({"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": events}))
+
+
+def _x(name: str, cat: str, ts: float, dur: float, corr: Any = None) -> dict[str, Any]:
+    ev: dict[str, Any] = {"ph": "X", "name": name, "cat": cat, "ts": ts, "dur": dur, "pid": 1, "tid": 1}
+    if corr is not None:
+        ev["args"] = {"correlation": corr}
+    return ev
+
+
+def test_a_cpu_only_trace_gives_no_gpu_rows(tmp_path: Path) -> None:
+    _write(tmp_path / "rank-0.json", [_x("aten::mm", "cpu_op", 10, 5), _x("ProfilerStep#1", "user_annotation", 0, 50)])
+    report = analyze(tmp_path, jobs=1)
+    assert report.ok
+    assert report.gpu == ()
+    assert report.stages  # the CPU analysis is unchanged
+
+
+def _feed(events: list[dict[str, Any]]) -> list[GpuRow]:
+    acc = GpuAccumulator()
+    for ev in events:
+        ts, end = ev["ts"], ev["ts"] + ev["dur"]
+        step = is_profiler_step(ev["name"]) if isinstance(ev["name"], str) else None
+        if step is not None:
+            acc.add_step(step, ts, end)
+        acc.add(ev, ev["cat"], ts, end)
+    return acc.rows()
+
+
+def test_kinds_unions_and_overlap_follow_hta_definitions() -> None:
+    rows = _feed(
+        [
+            _x("ampere_sgemm", "kernel", 0, 10),
+            _x("ampere_sgemm", "kernel", 5, 10),  # overlaps the first: compute is 0..15
+            _x("ncclDevKernel_AllReduce", "kernel", 10, 10),  # comm 10..20, 5 of it under compute
+            _x("Memcpy DtoH (Device -> Pinned)", "gpu_memcpy", 30, 4),
+            _x("Memset (Device)", "gpu_memset", 40, 2),
+            _x("cudaStreamSync_kernel", "kernel", 50, 10),  # HTA's "other": busy, not compute
+        ]
+    )
+    assert [r.step for r in rows] == [None]
+    got = rows[0].times.to_dict()
+    assert got == {
+        "span_us": 60.0,
+        "busy_us": 36.0,
+        "idle_us": 24.0,
+        "compute_us": 15.0,
+        "non_compute_us": 21.0,
+        "communication_us": 10.0,
+        "memory_us": 6.0,
+        "comm_comp_overlap_pct": 50.0,
+    }
+
+
+def test_steps_take_gpu_events_by_their_launch_time_not_their_own() -> None:
+    rows = _feed(
+        [
+            _x("ProfilerStep#3", "user_annotation", 0, 100),
+            _x("ProfilerStep#4", "user_annotation", 100, 100),
+            _x("cudaLaunchKernel", "cuda_runtime", 90, 2, corr=7),
+            _x("k", "kernel", 150, 10, corr=7),  # runs in step 4's time, launched in step 3
+            _x("cudaLaunchKernel", "cuda_runtime", 100, 2, corr=8),  # a step's start is inside it
+            _x("k", "kernel", 170, 10, corr=8),
+            _x("k", "kernel", 175, 10, corr=9),  # no launch seen: in no step, and HTA drops it
+            _x("k", "kernel", 190, 10),  # no correlation at all
+        ]
+    )
+    by_step = {r.step: r.times.to_dict() for r in rows}
+    assert by_step[3]["busy_us"] == 10.0
+    assert by_step[4]["busy_us"] == 10.0
+    assert by_step[None]["span_us"] == 30.0  # two steps: only what was launched by the last one's end
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"ph": "X", "name": None, "cat": "kernel", "ts": 0, "dur": 5, "args": "x"},
+        {"ph": "X", "name": "k", "cat": "kernel", "ts": 0, "dur": 5, "args": {"correlation": True}},
+        {"ph": "X", "name": "k", "cat": "kernel", "ts": 0, "dur": 5, "args": {"correlation": "7"}},
+        {"ph": "X", "name": 3, "cat": "cuda_runtime", "ts": 0, "dur": 5, "args": {"correlation": [1]}},
+    ],
+)
+def test_odd_event_fields_are_taken_without_error(tmp_path: Path, event: dict[str, Any]) -> None:
+    _write(tmp_path / "rank-0.json", [event, _x("k2", "kernel", 10, 5)])
+    report = analyze(tmp_path, jobs=1)
+    assert report.ok
+    assert [r["step"] for r in report.gpu] == [None]
+
+
+def test_a_negative_duration_is_left_out_of_the_unions() -> None:
+    rows = _feed([_x("k", "kernel", 0, 10), _x("k", "kernel", 50, -20)])
+    assert rows[0].times.to_dict()["span_us"] == 10.0
+
+
+def test_files_of_one_rank_add_up(tmp_path: Path) -> None:
+    # the SDK writes one file per stage: two stages of rank 1
+    _write(tmp_path / "actor_gen_step7_rank1-of-2_h_pid1_1.pt.trace.json", [_x("k", "kernel", 0, 10)], rank=1)
+    _write(tmp_path / "actor_train_step7_rank1-of-2_h_pid1_2.pt.trace.json", [_x("k", "kernel", 100, 10)], rank=1)
+    report = analyze(tmp_path, jobs=1)
+    assert report.ok
+    (row,) = report.gpu
+    assert (row["rank"], row["span_us"], row["busy_us"], row["idle_us"]) == (1, 110.0, 20.0, 90.0)
