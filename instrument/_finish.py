@@ -28,7 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, BinaryIO
 
-from instrument._reaper import TERM_GRACE_S, HookStartError, start_hook
+from instrument._hookproc import HookStartError, start_hook
+from instrument._reaper import TERM_GRACE_S
 
 __all__ = [
     "ENV_PREFIX",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from instrument import _reaper
+from instrument import _hookproc, _reaper
 from instrument._finish import HookResult, run_finish_hook
 
 PREFIX = "[finish rank0]"
@@ -294,8 +294,8 @@ def test_watchdog_killed_mid_hook_the_trainer_takes_over(caplog: pytest.LogCaptu
 def test_watchdog_that_cannot_start_warns_once_and_the_trainer_guards(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, hook_dir: Path
 ) -> None:
-    monkeypatch.setattr(_reaper, "INTERPRETER", str(hook_dir / "no-such-python"))
-    monkeypatch.setattr(_reaper, "_warned", set())
+    monkeypatch.setattr(_hookproc, "INTERPRETER", str(hook_dir / "no-such-python"))
+    monkeypatch.setattr(_hookproc, "_warned", set())
     result = _run(LEAVES_CHILD, 2, hook_dir)
     assert result.ok, result
     assert _run("true", FAR_S, hook_dir).ok
@@ -310,8 +310,8 @@ def test_watchdog_that_exits_without_a_word_is_noticed(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, hook_dir: Path
 ) -> None:
     """``/bin/false`` stands in for an interpreter that starts but cannot run the watchdog script."""
-    monkeypatch.setattr(_reaper, "INTERPRETER", "/bin/false")
-    monkeypatch.setattr(_reaper, "_warned", set())
+    monkeypatch.setattr(_hookproc, "INTERPRETER", "/bin/false")
+    monkeypatch.setattr(_hookproc, "_warned", set())
     result = _run(LEAVES_CHILD, 2, hook_dir)
     assert result.ok, result
     (warning,) = (w for w in _warnings(caplog) if "watchdog" in w)
