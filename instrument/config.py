@@ -10,7 +10,6 @@ overrides (:meth:`ProfilerConfig.from_overrides`), accepting verl's key names
 
 from __future__ import annotations
 
-import collections
 import difflib
 import math
 import os
@@ -21,6 +20,23 @@ import attrs
 
 from instrument import _config_file, _verl
 from instrument import ranks as _ranks
+from instrument._overrides import format_value, parse_value, string_value
+from instrument._validators import (
+    CONTENTS,
+    TOOLS,
+    boolean,
+    check_command,
+    check_contents,
+    check_path,
+    check_timeout,
+    int_at_least,
+    int_tuple,
+    is_int,
+    known_tool,
+    to_contents,
+    to_path,
+    to_sorted_tuple,
+)
 
 __all__ = [
     "CONTENTS",
@@ -31,128 +47,6 @@ __all__ = [
     "Schedule",
     "parse_value",
 ]
-
-TOOLS = ("none", "nvtx", "torch")
-"""Allowed values of ``ProfilerConfig.tool``."""
-
-CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
-"""Allowed values in ``ProfilerConfig.contents``, in canonical order."""
-
-
-# --------------------------------------------------------------------------- validators
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if not _is_int(value):
-            raise TypeError(f"'{attribute.name}' must be an int >= {minimum}: {value!r}")
-        if value < minimum:
-            raise ValueError(f"'{attribute.name}' must be >= {minimum}: {value}")
-
-    return check
-
-
-def _boolean(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"'{attribute.name}' must be true or false: {value!r}")
-
-
-def _one_of(allowed: Sequence[str]) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    listing = ", ".join(repr(a) for a in allowed)
-
-    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value not in allowed:
-            raise ValueError(f"'{attribute.name}' must be one of {listing}: {value!r}")
-
-    return check
-
-
-def _known_tool(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    from instrument.backends import registered_tools  # the registry may have grown since import
-
-    allowed = sorted({*TOOLS, *registered_tools()})
-    if value not in allowed:
-        raise ValueError(f"'{attribute.name}' must be one of {', '.join(map(repr, allowed))}: {value!r}")
-
-
-def _int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
-    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-        if value is None and allow_none:
-            return
-        if not isinstance(value, tuple) or not all(_is_int(v) for v in value):
-            kind = "a list of ints or null" if allow_none else "a list of ints"
-            raise TypeError(f"'{attribute.name}' must be {kind}: {value!r}")
-        for v in value:
-            if v < minimum:
-                raise ValueError(f"'{attribute.name}' must hold values >= {minimum}: {v}")
-        repeated = sorted(v for v, n in collections.Counter(value).items() if n > 1)  # linear: 10^5 steps fine
-        if repeated:
-            raise ValueError(f"'{attribute.name}' must not repeat a value: {repeated} given more than once")
-
-    return check
-
-
-def _to_sorted_tuple(value: Any) -> Any:
-    """Lists (and a single int) become a sorted tuple; anything else is left for the validator."""
-    if _is_int(value):
-        return (value,)
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = tuple(value)
-        return tuple(sorted(items)) if all(_is_int(v) for v in items) else items
-    return value
-
-
-def _to_contents(value: Any) -> Any:
-    if isinstance(value, str):
-        value = [value]
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = tuple(value)
-        known = [c for c in CONTENTS if c in items]
-        return tuple(known) if len(known) == len(set(items)) else items
-    return value
-
-
-def _check_contents(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, tuple):
-        raise TypeError(f"'{attribute.name}' must be a list of strings: {value!r}")
-    allowed = ", ".join(repr(c) for c in CONTENTS)
-    for item in value:
-        if item not in CONTENTS:
-            raise ValueError(f"'{attribute.name}' items must be among {allowed}: {item!r}")
-
-
-def _check_path(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"'{attribute.name}' must be a path: {value!r}")
-    if not value.strip():
-        raise ValueError(f"'{attribute.name}' must be a non-empty path: {value!r}")
-    if "\0" in value:  # the OS refuses it only at the first file written, after configure()
-        raise ValueError(f"'{attribute.name}' must be a path without NUL bytes: {value!r}")
-
-
-def _to_path(value: Any) -> Any:
-    return os.fspath(value) if isinstance(value, os.PathLike) else value
-
-
-def _check_command(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if not isinstance(value, str):
-        raise TypeError(f"'{attribute.name}' must be a shell command string: {value!r}")
-    if not value.strip():
-        raise ValueError(f"'{attribute.name}' must be a non-empty shell command: {value!r}")
-    if "\0" in value:  # exec refuses it only when the hook runs, after the last step
-        raise ValueError(f"'{attribute.name}' must be a shell command without NUL bytes: {value!r}")
-
-
-def _check_timeout(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"'{attribute.name}' must be a number of seconds > 0: {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"'{attribute.name}' must be a finite number of seconds > 0: {value!r}")
-
 
 _T = TypeVar("_T")
 _M = TypeVar("_M")
@@ -179,22 +73,22 @@ class Schedule:
     ``repeat=0`` repeats without end; the default of 1 keeps a long update loop from flooding the disk.
     """
 
-    skip_first: int = attrs.field(default=0, validator=_int_at_least(0))
-    wait: int = attrs.field(default=0, validator=_int_at_least(0))
-    warmup: int = attrs.field(default=0, validator=_int_at_least(0))
-    active: int = attrs.field(default=1, validator=_int_at_least(1))
-    repeat: int = attrs.field(default=1, validator=_int_at_least(0))
-    skip_first_wait: bool = attrs.field(default=False, validator=_boolean)
+    skip_first: int = attrs.field(default=0, validator=int_at_least(0))
+    wait: int = attrs.field(default=0, validator=int_at_least(0))
+    warmup: int = attrs.field(default=0, validator=int_at_least(0))
+    active: int = attrs.field(default=1, validator=int_at_least(1))
+    repeat: int = attrs.field(default=1, validator=int_at_least(0))
+    skip_first_wait: bool = attrs.field(default=False, validator=boolean)
 
 
 @attrs.frozen
 class FinishHook:
     """One shell command run once after the last profiled step, on the chosen ranks, within ``timeout_s``."""
 
-    cmd: str = attrs.field(validator=_check_command)
-    ranks: tuple[int, ...] = attrs.field(default=(0,), converter=_to_sorted_tuple, validator=_int_tuple(0))
-    all_ranks: bool = attrs.field(default=False, validator=_boolean)
-    timeout_s: float = attrs.field(default=600, validator=_check_timeout)
+    cmd: str = attrs.field(validator=check_command)
+    ranks: tuple[int, ...] = attrs.field(default=(0,), converter=to_sorted_tuple, validator=int_tuple(0))
+    all_ranks: bool = attrs.field(default=False, validator=boolean)
+    timeout_s: float = attrs.field(default=600, validator=check_timeout)
 
     def __attrs_post_init__(self) -> None:
         if not self.ranks and not self.all_ranks:
@@ -208,7 +102,7 @@ def _to_window(value: Any) -> Any:
 def _check_token_window(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
     if value is None:
         return
-    if not (isinstance(value, tuple) and len(value) == 2 and all(_is_int(v) for v in value)):
+    if not (isinstance(value, tuple) and len(value) == 2 and all(is_int(v) for v in value)):
         raise TypeError(f"'{attribute.name}' must be a [first, last] pair of engine iterations or null: {value!r}")
     first, last = value
     if first < 0 or last < first:
@@ -231,8 +125,8 @@ class SlowStep:
     """Profile the next ``steps`` steps of a rank whose step took ``factor`` x the median of its last ``window``."""
 
     factor: float = attrs.field(default=1.5, validator=_check_factor)
-    window: int = attrs.field(default=20, validator=_int_at_least(2))
-    steps: int = attrs.field(default=1, validator=_int_at_least(1))
+    window: int = attrs.field(default=20, validator=int_at_least(2))
+    steps: int = attrs.field(default=1, validator=int_at_least(1))
 
 
 def _to_trigger(value: Any) -> Any:
@@ -255,31 +149,31 @@ def _optional_instance(cls: type) -> Callable[[Any, attrs.Attribute[Any], Any], 
 class ProfilerConfig:
     """What to profile (steps, ranks, contents, schedule), where to write it and what to run at the end."""
 
-    enable: bool = attrs.field(default=True, validator=_boolean)
-    tool: str = attrs.field(default="torch", validator=_known_tool)
+    enable: bool = attrs.field(default=True, validator=boolean)
+    tool: str = attrs.field(default="torch", validator=known_tool)
     steps: tuple[int, ...] | None = attrs.field(
-        default=None, converter=_to_sorted_tuple, validator=_int_tuple(1, allow_none=True)
+        default=None, converter=to_sorted_tuple, validator=int_tuple(1, allow_none=True)
     )
-    ranks: tuple[int, ...] = attrs.field(default=(0,), converter=_to_sorted_tuple, validator=_int_tuple(0))
-    save_path: str = attrs.field(default="outputs/profile", converter=_to_path, validator=_check_path)
-    all_ranks: bool = attrs.field(default=False, validator=_boolean)
-    discrete: bool = attrs.field(default=True, validator=_boolean)
-    contents: tuple[str, ...] = attrs.field(default=("cpu", "cuda"), converter=_to_contents, validator=_check_contents)
+    ranks: tuple[int, ...] = attrs.field(default=(0,), converter=to_sorted_tuple, validator=int_tuple(0))
+    save_path: str = attrs.field(default="outputs/profile", converter=to_path, validator=check_path)
+    all_ranks: bool = attrs.field(default=False, validator=boolean)
+    discrete: bool = attrs.field(default=True, validator=boolean)
+    contents: tuple[str, ...] = attrs.field(default=("cpu", "cuda"), converter=to_contents, validator=check_contents)
     schedule: Schedule | None = attrs.field(
         default=None, converter=_to_schedule, validator=_optional_instance(Schedule)
     )
-    relocate_results: bool = attrs.field(default=True, validator=_boolean)
+    relocate_results: bool = attrs.field(default=True, validator=boolean)
     finish_hook: FinishHook | None = attrs.field(
         default=None, converter=_to_finish_hook, validator=_optional_instance(FinishHook)
     )
     token_window: tuple[int, int] | None = attrs.field(
         default=None, converter=_to_window, validator=_check_token_window
     )
-    metrics: bool = attrs.field(default=False, validator=_boolean)
-    metrics_rank_label: bool = attrs.field(default=False, validator=_boolean)
+    metrics: bool = attrs.field(default=False, validator=boolean)
+    metrics_rank_label: bool = attrs.field(default=False, validator=boolean)
     trigger: SlowStep | None = attrs.field(default=None, converter=_to_trigger, validator=_optional_instance(SlowStep))
-    on_demand: bool = attrs.field(default=False, validator=_boolean)
-    max_triggered: int = attrs.field(default=3, validator=_int_at_least(0))
+    on_demand: bool = attrs.field(default=False, validator=boolean)
+    max_triggered: int = attrs.field(default=3, validator=int_at_least(0))
 
     def __attrs_post_init__(self) -> None:
         if self.active:
@@ -336,7 +230,7 @@ class ProfilerConfig:
                 raise ValueError(f"override must look like 'key=value': {override!r}")
             _check_key(key)
             string = key in _STRING_KEYS or _verl.is_string_key(key)
-            items.append((key, _string_value(text) if string else parse_value(text)))
+            items.append((key, string_value(text) if string else parse_value(text)))
         return cls._from_flat(items, role)
 
     @classmethod
@@ -381,7 +275,7 @@ class ProfilerConfig:
         """``key=value`` strings that :meth:`from_overrides` turns back into this configuration."""
         out = []
         for key, value in _flatten(self.to_dict()):
-            out.append(f"{key}={_format_value(value)}")
+            out.append(f"{key}={format_value(value)}")
         return out
 
     # ----------------------------------------------------------------- fused roles
@@ -546,79 +440,3 @@ def _flatten(mapping: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str
             yield from _flatten(attrs.asdict(value), dotted + ".")
         else:
             yield dotted, value
-
-
-def parse_value(text: str) -> Any:
-    """Read an override value: ``null``, ``true``/``false``, ints, floats, quoted strings and flat lists."""
-    text = text.strip()
-    if text.startswith("[") and text.endswith("]"):
-        inner = text[1:-1].strip()
-        return [] if not inner else [_parse_scalar(item) for item in _split_list(inner)]
-    if text.startswith("{"):
-        raise ValueError(f"mappings are set key by key (e.g. 'schedule.active=2'): {text!r}")
-    return _parse_scalar(text)
-
-
-def _split_list(inner: str) -> list[str]:
-    items, current, quote = [], "", ""
-    for char in inner:
-        if quote:
-            current += char
-            if char == quote:
-                quote = ""
-        elif char in "'\"":
-            quote = char
-            current += char
-        elif char == ",":
-            items.append(current)
-            current = ""
-        else:
-            current += char
-    if quote:
-        raise ValueError(f"unterminated quote in list: [{inner}]")
-    items.append(current)
-    return items
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    return text
-
-
-def _string_value(text: str) -> str | None:
-    """A string field's override: the text as written, unquoted; a bare ``null`` or ``~`` is null."""
-    return None if text.strip() in ("null", "~") else _unquote(text)
-
-
-def _parse_scalar(text: str) -> Any:
-    text = text.strip()
-    if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
-        return text[1:-1]
-    lowered = text.lower()
-    if lowered in ("null", "none", "~", ""):
-        return None
-    if lowered == "true":
-        return True
-    if lowered == "false":
-        return False
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
-    return text
-
-
-def _format_value(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(_format_value(v) for v in value) + "]"
-    if isinstance(value, str):
-        # Quote only what reading back would change (outer quotes, edge spaces, empty).
-        return f"'{value}'" if not value or value != _string_value(value) else value
-    return repr(value)
