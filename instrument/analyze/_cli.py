@@ -29,6 +29,7 @@ examples:
   instrument analyze outputs/profile
   instrument analyze outputs/profile --ranks 0,2 --steps 2-4 --stage update_actor --html report.html
   instrument analyze outputs/profile --json > analysis.json
+  instrument analyze outputs/profile --layout tensorboard tb-runs   # then: tensorboard --logdir tb-runs
 
 Exit status: 0 all files read, 1 some skipped (named on stderr), 2 bad arguments or unreadable directory.
 """
@@ -74,6 +75,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--jobs", type=int, metavar="N", help="processes reading files (default: CPUs up to 8 for large sets)"
     )
+    parser.add_argument(
+        "--layout",
+        nargs=2,
+        metavar=("KIND", "OUT"),
+        help="instead of analysing, export DIR for another tool: KIND hta or tensorboard, OUT a new or empty "
+        "folder outside DIR (one folder per role/stage/step, one file per rank; see docs/analyze.md)",
+    )
 
 
 def _printable(text: str) -> str:
@@ -110,12 +118,40 @@ def _not_ours(target: Path) -> str | None:
     return f"{target} is not a regular file ({kind}): left alone"
 
 
+def _export(args: argparse.Namespace) -> int:
+    """``--layout KIND OUT``: the export instead of the analysis (exit 1 when a file was left out)."""
+    from instrument.analyze._layout import export_layout
+
+    kind, out = args.layout
+    if args.png or args.html or args.no_png:
+        return _error("--layout writes no analysis: drop --png, --no-png and --html")
+    try:
+        done = export_layout(args.directory, out, kind, ranks=args.ranks, steps=args.steps, stages=args.stage)
+    except (OSError, ValueError) as exc:
+        return _error(str(exc))
+    for skipped in done.skipped:
+        _say(f"instrument analyze: not exported {_printable(skipped.path)}: {_printable(skipped.reason)}", sys.stderr)
+    if args.json:
+        _say(json.dumps(done.to_dict(), indent=2))
+    else:
+        words = {"link": "hard links", "symlink": "symlinks", "copy": "copies", "rewritten": "rewritten copies"}
+        hows = [h for h in words if any(f.how == h for f in done.files)]
+        counts = ", ".join(f"{sum(f.how == h for f in done.files)} {words[h]}" for h in hows) or "none"
+        where = _printable(done.out)
+        _say(f"{kind} layout in {where}: {len(done.files)} files in {len(done.folders)} folders ({counts})")
+        for folder in done.folders:
+            _say(f"  {_printable(folder)}")
+    return 1 if done.skipped else 0
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``instrument analyze`` with parsed arguments; returns the exit status."""
     if args.jobs is not None and args.jobs < 1:
         return _error(f"--jobs must be >= 1: {args.jobs}")
     if args.no_png and args.png:
         return _error("--png and --no-png contradict each other")
+    if getattr(args, "layout", None):
+        return _export(args)
     try:
         report = analyze(args.directory, ranks=args.ranks, steps=args.steps, stages=args.stage, jobs=args.jobs)
     except (OSError, ValueError) as exc:

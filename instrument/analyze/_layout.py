@@ -1,0 +1,390 @@
+"""Export layouts: a ``save_path`` rearranged so HTA and TensorBoard's profiler plugin read it right.
+
+Both tools take one *folder* as one run: HTA keeps one file per rank in it (the rank read from the
+trace's ``distributedInfo``; a second file of the same rank replaces the first), and TensorBoard's
+profiler plugin makes a "worker" of each ``{worker}[.{timestamp}].pt.trace.json[.gz]`` name in it.
+A ``save_path`` holds every stage, step and rank flat in one folder, so both misread it.  The export
+gives each (role, stage, step[, window]) its own folder with one file per rank::
+
+    OUT/actor/update-actor/step1/rank0.1712345678901.pt.trace.json.gz     (tensorboard)
+    OUT/actor/update-actor/step1/rank-0.json.gz                           (hta)
+
+Files are hard links to the originals where the filesystem allows, else symlinks (to the absolute
+path), else copies.  For HTA a file whose first ``"rank": N`` (what HTA reads) is not its rank here
+(a vLLM engine trace numbers ranks inside its engine) is written as a copy with that rank set.
+
+Safety: ``OUT`` must be absent or an empty directory (not a symlink) and must not lie inside ``DIR``;
+every folder and file is created exclusively under a directory descriptor opened without following
+symlinks, so nothing is written outside ``OUT`` and no name is overwritten.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import gzip
+import os
+import re
+import shutil
+import stat
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from instrument import naming
+from instrument.analyze import _safe_io
+from instrument.analyze._reader import (
+    CONTINUOUS,
+    Skipped,
+    TraceError,
+    TraceFile,
+    discover,
+    label_key,
+    read_header,
+    with_rank_from_header,
+)
+
+__all__ = ["LAYOUTS", "Export", "Exported", "export_layout"]
+
+LAYOUTS = ("hta", "tensorboard")
+"""The layouts :func:`export_layout` writes."""
+
+_WHOLE = "trace"  # the stage of a file named in no known form: it holds every stage
+_HTA_RANK = re.compile(rb'"rank":\s+(\d+)')  # what HTA's rank-to-file map searches for, first match wins
+_TRACE_EVENTS = b'"traceEvents"'
+_HEAD_BYTES = 1 << 20  # the header (distributedInfo …) comes before traceEvents, well within this
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(frozen=True)
+class Exported:
+    """One file placed in the layout."""
+
+    source: str
+    target: str  # relative to OUT
+    how: str  # link | symlink | copy | rewritten (HTA: a copy with the rank set)
+
+
+@dataclass(frozen=True)
+class Export:
+    """What :func:`export_layout` wrote and what it left out (and why)."""
+
+    layout: str
+    out: str
+    files: tuple[Exported, ...]
+    skipped: tuple[Skipped, ...]
+
+    @property
+    def folders(self) -> tuple[str, ...]:
+        """The run folders, relative to ``out``, sorted."""
+        return tuple(sorted({os.path.dirname(f.target) for f in self.files}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for ``--json``."""
+        return {
+            "layout": self.layout,
+            "out": self.out,
+            "folders": list(self.folders),
+            "files": [{"source": f.source, "target": f.target, "how": f.how} for f in self.files],
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
+        }
+
+
+# --------------------------------------------------------------------------- choosing files
+
+
+def _folder_label(label: str) -> str:
+    """``label`` as one safe path component (never empty, ``.`` or ``..``)."""
+    try:
+        return naming.sanitize_label(label)
+    except (TypeError, ValueError):
+        return "unnamed"
+
+
+def folder_of(trace: TraceFile) -> str:
+    """``{role}/{stage}/step{S}[_mb{a}[-{b}]]`` (``no-step`` when the name gives none)."""
+    leaf = f"step{trace.step}" if trace.step > 0 else "no-step"
+    if trace.window is not None:
+        first, last = trace.window
+        leaf += f"_mb{first}" if first == last else f"_mb{first}-{last}"
+    return "/".join((_folder_label(trace.role), _folder_label(trace.stage), leaf))
+
+
+def _keeps(
+    trace: TraceFile, ranks: frozenset[int] | None, steps: frozenset[int] | None, stages: frozenset[str] | None
+) -> bool:
+    if ranks is not None and (trace.rank is None or trace.rank not in ranks):
+        return False
+    if steps is not None and trace.step not in steps:
+        return False
+    # continuous and whole traces hold every stage: they stay whatever --stage says
+    return stages is None or trace.stage in (CONTINUOUS, _WHOLE) or label_key(trace.stage) in stages
+
+
+def _chosen(
+    directory: str | os.PathLike[str],
+    ranks: Iterable[int] | None,
+    steps: Iterable[int] | None,
+    stages: Iterable[str] | None,
+) -> tuple[list[TraceFile], list[Skipped]]:
+    """The traces to export (one per folder and rank, first by path), and the files left out."""
+    found, skipped = discover(directory)
+    wanted_ranks = None if ranks is None else frozenset(ranks)
+    wanted_steps = None if steps is None else frozenset(steps)
+    wanted_stages = None if stages is None else frozenset(label_key(s) for s in stages)
+    taken: dict[tuple[str, str], str] = {}
+    chosen: list[TraceFile] = []
+    for trace in found:
+        if trace.rank is None and trace.source == "trace":
+            try:
+                completed = with_rank_from_header(trace, read_header(trace.path))
+            except TraceError as exc:
+                skipped.append(Skipped(trace.path, str(exc)))
+                continue
+            if completed is None:
+                skipped.append(Skipped(trace.path, "no rank: neither a manifest, the file name nor distributedInfo"))
+                continue
+            trace = completed  # noqa: PLW2901
+        elif trace.rank is None and trace.replica is None:
+            skipped.append(Skipped(trace.path, "no rank: relocated as rank-unknown"))
+            continue
+        if not _keeps(trace, wanted_ranks, wanted_steps, wanted_stages):
+            continue
+        who = f"rank{trace.rank}" if trace.rank is not None else f"replica{trace.replica}"
+        slot = (folder_of(trace), who)
+        if slot in taken:
+            skipped.append(Skipped(trace.path, f"duplicate: {slot[0]} already has {who} from {taken[slot]}"))
+            continue
+        taken[slot] = trace.path
+        chosen.append(trace)
+    return chosen, skipped
+
+
+# --------------------------------------------------------------------------- OUT
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def _prepare_out(directory: str | os.PathLike[str], out: str | os.PathLike[str]) -> Path:
+    """``out`` created or checked empty; raises ``ValueError`` naming the problem."""
+    target = Path(out)
+    source = Path(directory).resolve()
+    if _inside(target.resolve(), source):
+        raise ValueError(f"OUT {target} is inside DIR {directory}: choose a folder outside it")
+    try:
+        mode = os.lstat(target).st_mode
+    except FileNotFoundError:
+        try:
+            target.mkdir(parents=True)
+        except OSError as exc:
+            raise ValueError(f"cannot create OUT {target}: {exc.strerror or exc}") from exc
+        return target
+    except OSError as exc:
+        raise ValueError(f"cannot check OUT {target}: {exc.strerror or exc}") from exc
+    if stat.S_ISLNK(mode):
+        raise ValueError(f"OUT {target} is a symlink: give the real folder")
+    if not stat.S_ISDIR(mode):
+        raise ValueError(f"OUT {target} exists and is not a folder")
+    try:
+        with os.scandir(target) as entries:
+            if any(True for _ in entries):
+                raise ValueError(f"OUT {target} is not empty: give a new or empty folder")
+    except OSError as exc:
+        raise ValueError(f"cannot list OUT {target}: {exc.strerror or exc}") from exc
+    return target
+
+
+class _Tree:
+    """Folders under OUT, each created by us and opened without following symlinks."""
+
+    def __init__(self, root: Path) -> None:
+        self._fds: dict[str, int] = {"": os.open(root, _DIR_FLAGS)}
+
+    def folder(self, relative: str) -> int:
+        """The descriptor of ``relative`` (``a/b/c``), creating what is missing; never follows a link."""
+        parent = ""
+        for part in relative.split("/"):
+            here = f"{parent}/{part}" if parent else part
+            if here not in self._fds:
+                # mkdir is exclusive: a name someone else made meanwhile (maybe a symlink) is refused
+                os.mkdir(part, 0o755, dir_fd=self._fds[parent])
+                self._fds[here] = os.open(part, _DIR_FLAGS, dir_fd=self._fds[parent])
+            parent = here
+        return self._fds[parent]
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+# --------------------------------------------------------------------------- placing one file
+
+
+def _is_gzip(path: str) -> bool:
+    with _safe_io.open_regular(path) as raw:
+        return raw.read(2) == _GZIP_MAGIC
+
+
+def _hta_head(path: str) -> tuple[bytes, int | None]:
+    """The decoded text up to ``traceEvents`` (at most 1 MiB) and the first ``"rank": N`` HTA would read there."""
+    with _safe_io.open_json(path) as stream:
+        head = stream.read(_HEAD_BYTES)
+    end = head.find(_TRACE_EVENTS)
+    region = head if end < 0 else head[:end]
+    match = _HTA_RANK.search(region)
+    return region, None if match is None else int(match[1])
+
+
+def _with_rank(region: bytes, rank: int) -> bytes:
+    """``region`` (a trace's text before ``traceEvents``) with the first rank HTA reads set to ``rank``."""
+    match = _HTA_RANK.search(region)
+    if match is not None:
+        return region[: match.start(1)] + str(rank).encode() + region[match.end(1) :]
+    brace = region.find(b"{")
+    if brace < 0 or region[:brace].strip():
+        raise TraceError("not a chrome trace (the JSON is not an object)")
+    # A line of its own ahead of everything: HTA reads the first match line by line
+    line = b'\n"distributedInfo": {"rank": %d},\n' % rank
+    return region[: brace + 1] + line + region[brace + 1 :]
+
+
+@contextlib.contextmanager
+def _new_file(name: str, folder: int) -> Iterator[BinaryIO]:
+    """``name`` created exclusively in ``folder`` (never through a symlink); removed if writing fails."""
+    fd = os.open(name, _NEW_FILE, 0o644, dir_fd=folder)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            yield out
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=folder)
+        raise
+
+
+def _rewrite(source: str, name: str, folder: int, rank: int) -> None:
+    """A copy of ``source`` whose first rank (as HTA reads it) is ``rank``; gzip kept when the source had it."""
+    packed = _is_gzip(source)
+    with _safe_io.open_json(source) as stream, _new_file(name, folder) as raw:
+        head = stream.read(_HEAD_BYTES)
+        end = head.find(_TRACE_EVENTS)
+        cut = len(head) if end < 0 else end
+        sink = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) if packed else None
+        write = raw.write if sink is None else sink.write
+        try:
+            write(_with_rank(head[:cut], rank))
+            write(head[cut:])
+            while chunk := stream.read(1 << 20):
+                write(chunk)
+        finally:
+            if sink is not None:
+                sink.close()  # writes gzip's trailer; leaves raw open for _new_file
+
+
+def _copy(source: str, name: str, folder: int) -> None:
+    with _safe_io.open_regular(source) as src, _new_file(name, folder) as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def _place(source: str, name: str, folder: int) -> str:
+    """Put ``source`` at ``name``: a hard link, else a symlink, else a copy; returns which."""
+    try:
+        os.link(source, name, dst_dir_fd=folder, follow_symlinks=True)  # the file a symlink names, not the link
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            raise
+    else:
+        # The source may have been swapped for a FIFO or device since it was checked: refuse that
+        if not stat.S_ISREG(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
+            os.unlink(name, dir_fd=folder)
+            raise _safe_io.NotRegularFileError("not a regular file (swapped after it was listed)")
+        return "link"
+    try:
+        os.symlink(os.path.realpath(source), name, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            raise
+    else:
+        return "symlink"
+    _copy(source, name, folder)
+    return "copy"
+
+
+def file_name(layout: str, trace: TraceFile, gz: bool) -> str:
+    """The name each tool expects for ``trace`` inside its folder."""
+    suffix = ".json.gz" if gz else ".json"
+    if layout == "hta":
+        return f"rank-{trace.rank}{suffix}"
+    who = f"rank{trace.rank}" if trace.rank is not None else f"replica{trace.replica}"
+    # {worker}.{timestamp}: the plugin numbers each worker's timestamps as its spans, so one file per
+    # worker is span 1 on every rank and the distributed view lines them up
+    millis = os.stat(trace.path).st_mtime_ns // 1_000_000
+    return f"{who}.{millis}.pt.trace{suffix}"
+
+
+def _export_one(layout: str, trace: TraceFile, tree: _Tree) -> Exported:
+    relative = folder_of(trace)
+    name = file_name(layout, trace, _is_gzip(trace.path))
+    folder = tree.folder(relative)
+    how = ""
+    if layout == "hta":
+        _, seen = _hta_head(trace.path)
+        if seen != trace.rank and trace.rank is not None:  # frontends (no rank) never reach here
+            _rewrite(trace.path, name, folder, trace.rank)
+            how = "rewritten"
+    if not how:
+        how = _place(trace.path, name, folder)
+    return Exported(trace.path, f"{relative}/{name}", how)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, TraceError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        if exc.errno == errno.EEXIST:
+            return "cannot export: its name in OUT was taken meanwhile (left alone)"
+        return f"cannot export ({exc.strerror or exc})"
+    if isinstance(exc, EOFError):
+        return "truncated gzip (the compressed stream ends early)"
+    return f"cannot export ({type(exc).__name__}: {exc})"
+
+
+def export_layout(
+    directory: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    layout: str,
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: Iterable[int] | None = None,
+    stages: Iterable[str] | None = None,
+) -> Export:
+    """Write the ``layout`` (``"hta"`` or ``"tensorboard"``) of the traces in ``directory`` into ``out``.
+
+    ``out`` must be absent (it is created) or an empty folder, outside ``directory``.  Raises
+    ``ValueError`` for a bad layout or ``out``, ``OSError`` when ``directory`` cannot be listed.
+    Files that cannot be exported are returned in :attr:`Export.skipped`, the rest is still written.
+    """
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
+    chosen, skipped = _chosen(directory, ranks, steps, stages)
+    root = _prepare_out(directory, out)
+    files: list[Exported] = []
+    tree = _Tree(root)
+    try:
+        for trace in chosen:
+            if layout == "hta" and trace.rank is None:
+                skipped.append(Skipped(trace.path, "no rank: a vLLM frontend trace (HTA needs one rank per file)"))
+                continue
+            try:
+                files.append(_export_one(layout, trace, tree))
+            except (OSError, TraceError, EOFError, zlib.error) as exc:
+                skipped.append(Skipped(trace.path, _reason(exc)))
+    finally:
+        tree.close()
+    return Export(layout, str(root), tuple(files), tuple(skipped))
