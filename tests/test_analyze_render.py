@@ -1,0 +1,225 @@
+"""What ``instrument analyze`` shows: words and plurals, ``-`` for what a trace does not hold, the
+clock caveat only across hosts, stable stage colours, the one-rank picture, and pictures and pages
+written whole, never through a symlink.
+
+Every trace is built with known durations (:func:`tests.test_analyze.known_run`): no clock is read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from instrument import cli
+from instrument.analyze import Report, analyze
+from instrument.analyze import _render as render
+from tests.test_analyze import known_run
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return analyze(known_run(tmp_path_factory.mktemp("one") / "p", world=1, steps=1), jobs=1)
+
+
+@pytest.fixture(scope="module")
+def two_hosts(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return analyze(known_run(tmp_path_factory.mktemp("two") / "p", hosts=("node-a", "node-b")), jobs=1)
+
+
+@pytest.fixture(scope="module")
+def one_host(tmp_path_factory: pytest.TempPathFactory) -> Report:
+    return analyze(known_run(tmp_path_factory.mktemp("same") / "p"), jobs=1)
+
+
+def _row(report: Report, stage: str) -> dict[str, str]:
+    rows = render.table_rows(report)
+    found = next(r for r in rows if r[2].split(" [")[0] == stage)
+    return dict(zip(render.HEADERS, found, strict=True))
+
+
+# --------------------------------------------------------------------------- words
+
+
+def test_one_rank_is_singular_and_has_no_straggler_columns(one_rank: Report) -> None:
+    text = one_rank.render_text()
+    assert re.search(r"\b1 rank;", text) and "1 ranks" not in text
+    assert "1 step," in text and "1 steps" not in text
+    assert "slowest: the straggler rank" not in text  # no column to explain
+    row = _row(one_rank, "generate_sequences")
+    assert (row["ranks"], row["slowest"], row["max/med"]) == ("1", "-", "-")
+    assert (row["median ms"], row["max ms"]) == ("15.0", "15.0")
+
+
+def test_plural_words() -> None:
+    assert [render.plural(n, "rank") for n in (0, 1, 2, 1234)] == ["0 ranks", "1 rank", "2 ranks", "1,234 ranks"]
+    assert render.plural(1, "process", "processes") == "1 process"
+    assert render.plural(3, "process", "processes") == "3 processes"
+
+
+def test_rows_without_mini_batches_show_a_dash(one_host: Report) -> None:
+    assert _row(one_host, "compute_log_prob")["mini-batch ms"] == "-"
+    assert _row(one_host, "update_actor")["mini-batch ms"] == "8.00"
+    assert _row(one_host, "compute_log_prob")["gpu ms"] == "-"  # no kernels: no figure either
+    assert all("0.00" not in cell for row in render.table_rows(one_host) for cell in row)
+
+
+def test_several_ranks_keep_the_straggler_columns(one_host: Report) -> None:
+    row = _row(one_host, "generate_sequences")
+    assert (row["ranks"], row["slowest"], row["max/med"], row["max ms"]) == ("3", "2", "6.00", "90.0")
+    text = one_host.render_text()
+    assert "3 ranks;" in text and "slowest: the straggler rank" in text
+
+
+# --------------------------------------------------------------------------- the clock caveat
+
+
+def test_the_clock_caveat_only_when_traces_come_from_several_hosts(
+    one_host: Report, two_hosts: Report, one_rank: Report, tmp_path: Path
+) -> None:
+    assert render.hosts(one_host) == frozenset({"node-a"})
+    assert render.hosts(two_hosts) == frozenset({"node-a", "node-b"})
+    assert render.clock_caveat(one_host) is None
+    assert render.clock_caveat(one_rank) is None
+    assert render.clock_caveat(two_hosts) == two_hosts.caveat
+    assert "not aligned" not in one_host.render_text()
+    assert "not aligned" in two_hosts.render_text()
+    page = tmp_path / "two.html"
+    two_hosts.write_html(page)
+    assert "not aligned" in page.read_text(encoding="utf-8")
+    one_host.write_html(page)
+    assert "not aligned" not in page.read_text(encoding="utf-8")
+
+
+def test_names_that_give_no_host_keep_the_caveat_when_ranks_are_compared(one_host: Report, tmp_path: Path) -> None:
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for rank in range(2):  # torch's default worker names: no host the analyzer reads
+        source = next(Path(p) for s in one_host.stages for r in s.ranks if r.rank == rank for p in r.files)
+        (renamed / f"worker{rank}.1764000000.pt.trace.json.gz").write_bytes(source.read_bytes())
+    report = analyze(renamed, jobs=1)
+    assert report.ranks == (0, 1), report.skipped
+    assert render.hosts(report) is None
+    assert render.clock_caveat(report) == report.caveat
+
+
+# --------------------------------------------------------------------------- colours
+
+
+def test_a_stage_keeps_its_colour_whatever_else_is_in_the_report() -> None:
+    alone = render.stage_colors([("actor", "update_actor")])
+    crowded = render.stage_colors([("actor", s) for s in ("generate_sequences", "compute_values", "update_actor")])
+    assert alone[("actor", "update_actor")] == crowded[("actor", "update_actor")]
+    assert (
+        render.stage_colors([("actor", "update-actor")])[("actor", "update-actor")] == alone[("actor", "update_actor")]
+    )
+    reversed_order = render.stage_colors(reversed(list(crowded)))
+    assert reversed_order == crowded  # not from the order the stages come in
+
+
+def test_stages_of_one_report_get_distinct_colours() -> None:
+    names = [("actor", f"stage_{i}") for i in range(16)]
+    assert len(set(render.stage_colors(names).values())) == 16  # the palette holds sixteen
+    both_roles = render.stage_colors([("actor", "compute_log_prob"), ("ref", "compute_log_prob")])
+    assert len(set(both_roles.values())) == 2
+
+
+def test_the_page_shows_each_stage_in_its_picture_colour(one_host: Report, tmp_path: Path) -> None:
+    page = one_host.write_html(tmp_path / "a.html").read_text(encoding="utf-8")
+    colors = render.stage_colors((s.role, s.stage) for s in one_host.stages)
+    for (_, stage), color in colors.items():
+        assert re.search(rf'background:{color}"></span>{stage}', page), stage
+
+
+# --------------------------------------------------------------------------- the one-rank picture
+
+
+def test_one_rank_draws_bars_not_a_one_column_heatmap(one_rank: Report, one_host: Report) -> None:
+    fig = render._figure(one_rank)
+    top = fig.axes[0]
+    assert "one rank (rank 0)" in top.get_title()
+    assert len(top.patches) == len(one_rank.stages)  # one bar a stage
+    assert not top.images  # no heatmap
+    assert sorted(round(p.get_width(), 3) for p in top.patches) == [8.0, 15.0, 50.0]
+    assert len(fig.axes) == 2  # no colour bar for a ratio that is always 1
+    several = render._figure(one_host)
+    assert several.axes[0].images and "straggler" in several.axes[0].get_title()
+
+
+# --------------------------------------------------------------------------- writing files
+
+
+@pytest.mark.parametrize("kind", ["png", "html"])
+def test_a_planted_symlink_is_refused_and_its_target_untouched(one_rank: Report, tmp_path: Path, kind: str) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    link = tmp_path / f"out.{kind}"
+    link.symlink_to(victim)
+    write = one_rank.write_png if kind == "png" else one_rank.write_html
+    with pytest.raises(render.UnsafeDestinationError, match="a symlink"):
+        write(link)
+    assert victim.read_text(encoding="utf-8") == "precious"
+    assert link.is_symlink()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"out.{kind}", "victim.txt"]  # no temporary left
+
+
+def test_the_cli_names_a_symlinked_destination_in_one_line(
+    one_rank: Report, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious", encoding="utf-8")
+    directory = os.path.dirname(one_rank.stages[0].ranks[0].files[0])
+    for option in ("--png", "--html"):
+        link = tmp_path / f"link{option}"
+        link.symlink_to(victim)
+        rc = cli.main(["analyze", directory, option, str(link), *(["--no-png"] if option == "--html" else [])])
+        _, err = capsys.readouterr()
+        assert rc == 2
+        assert err.count("\n") == 1 and "a symlink" in err and "Traceback" not in err, err
+    assert victim.read_text(encoding="utf-8") == "precious"
+
+
+def test_a_fifo_or_directory_destination_is_refused_without_blocking(one_rank: Report, tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe.png"
+    os.mkfifo(fifo)
+    done: list[BaseException] = []
+    writer = threading.Thread(target=lambda: _catch(done, lambda: one_rank.write_png(fifo)), daemon=True)
+    writer.start()
+    writer.join(60)  # guards against a hang only: opening a FIFO for writing would block for ever
+    assert not writer.is_alive()
+    assert isinstance(done[0], render.UnsafeDestinationError) and "a FIFO" in str(done[0])
+    (tmp_path / "dir.html").mkdir()
+    with pytest.raises(render.UnsafeDestinationError, match="a directory"):
+        one_rank.write_html(tmp_path / "dir.html")
+
+
+def _catch(into: list[BaseException], call: Callable[[], Any]) -> None:
+    try:
+        call()
+    except BaseException as exc:  # handed to the test thread
+        into.append(exc)
+
+
+def test_an_old_file_is_replaced_whole(one_rank: Report, tmp_path: Path) -> None:
+    target = tmp_path / "a.png"
+    target.write_bytes(b"old picture, much longer than nothing" * 10_000)
+    old_inode = target.stat().st_ino
+    hard = tmp_path / "hard-link-to-old.png"
+    os.link(target, hard)
+    one_rank.write_png(target)
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert target.stat().st_ino != old_inode  # a new file renamed over the name, not written through it
+    assert hard.read_bytes().startswith(b"old picture")  # another name of the old file keeps its bytes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.png", "hard-link-to-old.png"]
+
+
+def test_a_write_that_fails_leaves_no_temporary(tmp_path: Path) -> None:
+    target = tmp_path / "missing-folder" / "a.png"
+    with pytest.raises(FileNotFoundError):
+        render.write_new_file(target, b"x")
+    assert list(tmp_path.iterdir()) == []
