@@ -412,16 +412,17 @@ def test_damaged_files_are_named_and_the_rest_is_analysed(
     rc, out, err = _cli([str(damaged), "--json", "--no-png"], capsys)
     assert rc == 1
     lines = err.strip().splitlines()
-    assert len(lines) == 4, err
+    assert len(lines) == 3, err
     reasons = {Path(line.split("skipped ", 1)[1].split(": ", 1)[0]).name: line for line in lines}
     assert "truncated gzip" in reasons[truncated.name]
     assert "not JSON" in reasons[not_json.name]
-    assert "no rank" in reasons[no_rank.name]
     assert "duplicate" in reasons[duplicate.name] and original.name in reasons[duplicate.name]
     data = json.loads(out)
-    assert data["files"] == WORLD * STEPS * 3 - 1
-    assert len(data["skipped"]) == 4
-    assert {s["stage"] for s in data["stages"]} == {"compute_log_prob", "generate_sequences", "update_actor"}
+    assert data["files"] == WORLD * STEPS * 3  # the file no one gives a rank is read, not dropped
+    assert len(data["skipped"]) == 3
+    assert {s["stage"] for s in data["stages"]} == {"compute_log_prob", "generate_sequences", "update_actor", "trace"}
+    whole = next(s for s in data["stages"] if s["stage"] == "trace")
+    assert whole["straggler"] == "mystery" and whole["per_rank"][0]["rank"] is None
 
 
 def test_bad_arguments_and_directories_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -31,6 +31,7 @@ from instrument._manifest import MAX_LINE_BYTES, read_manifests
 from instrument.analyze import Report, analyze
 from instrument.analyze import _reader as reader
 from instrument.analyze import _safe_io as safe_io
+from instrument.analyze._steps import Ranges
 from tests.test_analyze import _run_ranks
 
 WORLD = 2
@@ -561,7 +562,7 @@ def test_the_guard_measures_depth_exactly_wherever_the_text_is_cut(
 @given(st.lists(st.tuples(st.integers(-50, 50), st.integers(0, 20)), min_size=1, max_size=40))
 def test_unsorted_ranges_merge_to_the_same_union(ranges: list[tuple[int, int]]) -> None:
     """Hostile files can list cpu ops in any order: merged apart (bounded memory), the union is the same."""
-    kept = reader._Ranges()
+    kept = Ranges()
     for start, length in ranges:
         kept.add(float(start), float(start + length))
     union: list[list[float]] = []

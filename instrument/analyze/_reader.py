@@ -20,30 +20,34 @@ Standard library only at import time; ``ijson`` / ``orjson`` are imported when a
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import functools
 import gc
 import gzip
 import importlib.util
 import json
-import operator
 import os
-import re
 import zlib
-from array import array
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
 from instrument import naming
 from instrument._manifest import read_manifests
 from instrument.analyze import _safe_io
-from instrument.analyze._gpu import GpuAccumulator, GpuRow, is_profiler_step
+from instrument.analyze._gpu import GpuRow
+from instrument.analyze._names import (
+    TRACE_SUFFIXES,
+    TraceFile,
+    complete_dp_ranks,
+    from_name,
+    is_trace_name,
+    label_key,
+)
 from instrument.analyze._safe_io import GuardedReader, TraceError
-from instrument.ranks import engine_trace_local_rank
+from instrument.analyze._scanner import Scanner
+from instrument.analyze._steps import Segment
 
 __all__ = [
     "SMALL_FILE_BYTES",
@@ -62,62 +66,7 @@ SMALL_FILE_BYTES = 16 << 20
 """Uncompressed size under which a file is decoded whole (with orjson, when it is installed)."""
 
 CONTINUOUS = naming.CONTINUOUS_STAGE
-_TRACE_SUFFIXES = (".json.gz", ".json")
-_HOST_CATS = frozenset({"cpu_op", "user_annotation"})  # where the SDK's stage and mini-batch ranges live
-_MINI_BATCH = re.compile(r"mini_batch(\d+)\Z")
-# A name that can be a stage range in a continuous trace: a label, not an op ("aten::mm") or a
-# profiler row ("ProfilerStep#3", "Optimizer.step#Adam.step").
-_STAGE_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.=+-]*\Z")
-_ENGINE = naming.ENGINE_TRACE
-_FRONTEND = naming.FRONTEND_TRACE
-_PREFIX_STEP = re.compile(r"(?:^|_)step(\d+)(?:_|$)")
 _READ_CHUNK = 1 << 20
-_GPU_OTHER = frozenset({"gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})  # GPU work and launches
-
-
-def label_key(label: str) -> str:
-    """The form two labels are compared in: ``update_actor`` and ``update-actor`` are one stage."""
-    try:
-        return naming.sanitize_label(label)
-    except (TypeError, ValueError):
-        return str(label)
-
-
-# --------------------------------------------------------------------------- discovery
-
-
-@dataclass(frozen=True)
-class TraceFile:
-    """One trace file and who wrote it."""
-
-    path: str
-    role: str
-    stage: str
-    step: int  # 0 when the name carries no step (plain engine traces)
-    rank: int | None  # global rank; None for a frontend (see replica) or before the header is read
-    world: int | None
-    window: tuple[int, int] | None = None
-    partial: bool = False
-    tool: str = "torch"
-    replica: int | None = None
-    source: str = "manifest"  # manifest | name | engine | trace
-
-    @property
-    def continuous(self) -> bool:
-        """A continuous-mode trace: one file per step holding every stage as a range."""
-        return self.stage == CONTINUOUS
-
-    def key(self) -> tuple[int, str, str, str, int, tuple[int, int] | None]:
-        """What two files must not share: step, role, stage, rank (or replica), window."""
-        who, number = ("rank", self.rank) if self.rank is not None else ("replica", self.replica)
-        return (
-            self.step,
-            label_key(self.role),
-            label_key(self.stage),
-            who,
-            -1 if number is None else number,
-            self.window,
-        )
 
 
 @dataclass(frozen=True)
@@ -126,69 +75,6 @@ class Skipped:
 
     path: str
     reason: str
-
-
-def _is_trace_name(name: str) -> bool:
-    return not name.startswith(".") and name.endswith(_TRACE_SUFFIXES)
-
-
-def _from_name(path: Path) -> TraceFile | None:
-    """Who wrote ``path``, read from its name alone; ``None`` when the name says nothing."""
-    name = path.name
-    parsed = naming.parse_trace_name(name)
-    if parsed is not None:
-        return TraceFile(
-            path=str(path),
-            role=parsed.role,
-            stage=parsed.stage,
-            step=parsed.step,
-            rank=parsed.rank,
-            world=parsed.world_size,
-            window=parsed.window,
-            partial=parsed.partial,
-            source="name",
-        )
-    match = _ENGINE.match(name)
-    if match is not None:
-        return TraceFile(
-            path=str(path),
-            role=match["role"],
-            stage="engine",
-            step=int(match["step"]),
-            rank=None if match["rank"] is None else int(match["rank"]),
-            world=int(match["world"]),
-            tool="vllm",
-            replica=int(match["replica"]),
-            source="engine",
-        )
-    match = _FRONTEND.match(name)
-    if match is not None:
-        return TraceFile(
-            path=str(path),
-            role=match["role"],
-            stage="frontend",
-            step=int(match["step"]),
-            rank=None,
-            world=None,
-            tool="vllm",
-            replica=int(match["replica"]),
-            source="engine",
-        )
-    local = engine_trace_local_rank(name)
-    if local is not None:
-        step = _PREFIX_STEP.search(name)
-        tool = "sglang" if "-TP-" in name else "vllm"
-        return TraceFile(
-            path=str(path),
-            role="rollout",
-            stage="engine",
-            step=int(step[1]) if step else 0,
-            rank=local,
-            world=None,
-            tool=tool,
-            source="engine",
-        )
-    return None
 
 
 def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[Skipped]]:
@@ -205,7 +91,7 @@ def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[S
     skipped: list[Skipped] = []
     named: set[str] = set()  # reported once: not again as "listed in a manifest"
     with os.scandir(root) as listing:
-        for name in (item.name for item in listing if _is_trace_name(item.name)):
+        for name in (item.name for item in listing if is_trace_name(item.name)):
             problem = _safe_io.entry_problem(str(root / name))  # manifests: read_manifests checks them
             if problem is None:
                 on_disk[name] = root / name
@@ -216,7 +102,7 @@ def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[S
     for record in read_manifests(root, on_skip=lambda path, reason: skipped.append(Skipped(path, reason))):
         # By name: relative to save_path, or (older manifests) absolute, maybe from another machine
         name = os.path.basename(record.path)
-        if not name.endswith(_TRACE_SUFFIXES):
+        if not name.endswith(TRACE_SUFFIXES):
             continue  # an nsys report or another file we cannot read
         if name not in on_disk:
             if name not in named:
@@ -242,13 +128,20 @@ def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[S
     for name, entry in on_disk.items():
         if name in found:
             continue
-        by_name = _from_name(entry)
+        by_name = from_name(entry)
         if by_name is None:
             by_name = TraceFile(
-                path=str(entry), role="unknown", stage="trace", step=0, rank=None, world=None, source="trace"
+                path=str(entry),
+                role="unknown",
+                stage="trace",
+                step=0,
+                rank=None,
+                world=None,
+                source="trace",
+                inside=True,
             )
         found[name] = by_name
-    return sorted(found.values(), key=lambda f: f.path), skipped
+    return complete_dp_ranks(sorted(found.values(), key=lambda f: f.path)), skipped
 
 
 # --------------------------------------------------------------------------- opening
@@ -327,21 +220,6 @@ def _header(stream: GuardedReader) -> dict[str, Any]:
 
 
 @dataclass
-class Segment:
-    """One stage's numbers from one file (times in microseconds, as chrome traces count them)."""
-
-    stage: str
-    wall_us: float
-    basis: str  # what wall_us measures: "stage" range, "mini_batches" union, or whole trace "span"
-    minibatch_us: float = 0.0
-    mini_batches: int = 0
-    cpu_us: float = 0.0
-    kernel_us: float = 0.0
-    kernels: int = 0
-    events: int = 0
-
-
-@dataclass
 class FileScan:
     """What :func:`scan_file` took from one file."""
 
@@ -351,225 +229,6 @@ class FileScan:
     bytes: int
     gpu: list[GpuRow] = field(default_factory=list)
     """GPU time of the whole file and of each ``ProfilerStep`` (:mod:`._gpu`); empty without GPU events."""
-
-
-@dataclass
-class _Ranges:
-    """Start/end pairs kept while streaming."""
-
-    starts: array[float] = field(default_factory=lambda: array("d"))
-    ends: array[float] = field(default_factory=lambda: array("d"))
-
-    def add(self, start: float, end: float) -> None:
-        self.starts.append(start)
-        self.ends.append(end)
-
-    def merged(self) -> tuple[list[float], list[float]]:
-        """The union as sorted, disjoint intervals (starts, ends)."""
-        starts, ends = self.starts, self.ends
-        if not starts:
-            return [], []
-        if not all(map(operator.le, starts, islice(starts, 1, None))):
-            return self._merged_apart()
-        pairs = zip(starts, ends, strict=True)
-        cur_s, cur_e = next(pairs)
-        out_s: list[float] = []
-        out_e: list[float] = []
-        for s, e in pairs:
-            if s > cur_e:
-                out_s.append(cur_s)
-                out_e.append(cur_e)
-                cur_s, cur_e = s, e
-            elif e > cur_e:
-                cur_e = e
-        out_s.append(cur_s)
-        out_e.append(cur_e)
-        return out_s, out_e
-
-    def _merged_apart(self) -> tuple[list[float], list[float]]:
-        # Unsorted starts (rare; hostile files): sorted apart, 8 bytes a value where (start, end) tuples
-        # take ~56. With both sorted, the union has a gap after ends[k] exactly when starts[k+1] > ends[k].
-        self.starts = starts = array("d", sorted(self.starts))
-        self.ends = ends = array("d", sorted(self.ends))
-        cuts = [k for k, (s, e) in enumerate(zip(islice(starts, 1, None), ends, strict=False)) if s > e]
-        return [starts[0], *(starts[k + 1] for k in cuts)], [*(ends[k] for k in cuts), ends[-1]]
-
-
-def _length(starts: list[float], ends: list[float]) -> float:
-    # Differences first: timestamps are ~1e12 us, and summing them would lose the microseconds.
-    return float(sum(map(operator.sub, ends, starts)))
-
-
-def _overlap(starts: list[float], ends: list[float], lo: float, hi: float) -> float:
-    """Length of the disjoint sorted intervals inside ``[lo, hi]``."""
-    total = 0.0
-    i = bisect.bisect_right(ends, lo)
-    while i < len(starts) and starts[i] < hi:
-        total += max(0.0, min(ends[i], hi) - max(starts[i], lo))
-        i += 1
-    return total
-
-
-class _Scanner:
-    """Takes events one at a time; :meth:`finish` turns them into segments."""
-
-    def __init__(self, stage: str, continuous: bool) -> None:
-        self.stage_key = label_key(stage)
-        self.stage = stage
-        self.continuous = continuous
-        self.kinds: dict[str, int] = {}
-        self.cpu: dict[tuple[Any, Any], _Ranges] = {}
-        self.markers: list[tuple[str, float, float, Any, Any, str]] = []  # name, start, end, pid, tid, cat
-        self.mini: list[tuple[float, float]] = []
-        self.kernel_us = 0.0
-        self.kernels = 0
-        self.events = 0
-        self.first = float("inf")
-        self.last = float("-inf")
-        # continuous mode only: where every event and kernel falls
-        self.event_ts = array("d")
-        self.kernel_ts = array("d")
-        self.kernel_dur = array("d")
-        self.gpu = GpuAccumulator()
-
-    def _kind(self, name: str) -> int:
-        """0: an ordinary event, 1: a mini-batch range, 2: a stage range (or, continuous, a candidate),
-        3: a ``ProfilerStep#N`` range (otherwise an ordinary event)."""
-        if is_profiler_step(name) is not None:
-            kind = 3
-        elif _MINI_BATCH.match(name):
-            kind = 1
-        elif self.continuous:
-            kind = 2 if _STAGE_LIKE.match(name) and not name.startswith("ProfilerStep") else 0
-        else:
-            kind = 2 if name == self.stage or label_key(name) == self.stage_key else 0
-        self.kinds[name] = kind
-        return kind
-
-    def feed(self, events: Iterable[Any]) -> None:  # noqa: PLR0915 - one hot loop, inline for speed
-        kinds = self.kinds
-        cpu = self.cpu
-        continuous = self.continuous
-        event_ts = self.event_ts
-        count = 0
-        first, last = self.first, self.last
-        kernel_us, kernels = self.kernel_us, self.kernels
-        for ev in events:
-            if ev.get("ph") != "X":
-                continue
-            count += 1
-            ts = ev.get("ts")
-            if ts is None:
-                continue
-            end = ts + (ev.get("dur") or 0)
-            if ts < first:  # noqa: PLR1730 - a comparison is cheaper than a call to min() here
-                first = ts
-            if end > last:  # noqa: PLR1730
-                last = end
-            if continuous:
-                event_ts.append(ts)
-            cat = ev.get("cat")
-            if cat in _HOST_CATS:
-                name = ev.get("name")
-                kind = kinds.get(name)
-                if kind is None:
-                    kind = self._kind(str(name))
-                if kind == 1:
-                    self.mini.append((ts, end))
-                    continue
-                if kind == 2:
-                    self.markers.append((str(name), ts, end, ev.get("pid"), ev.get("tid"), cat))
-                    continue
-                if kind == 3:
-                    self.gpu.add_step(is_profiler_step(str(name)) or 0, ts, end)
-                if cat == "cpu_op":
-                    key = (ev.get("pid"), ev.get("tid"))
-                    ranges = cpu.get(key)
-                    if ranges is None:
-                        ranges = cpu[key] = _Ranges()
-                    ranges.starts.append(ts)
-                    ranges.ends.append(end)
-            elif cat == "kernel":
-                kernels += 1
-                kernel_us += end - ts
-                if continuous:
-                    self.kernel_ts.append(ts)
-                    self.kernel_dur.append(end - ts)
-                self.gpu.add(ev, cat, ts, end)
-            elif cat in _GPU_OTHER:
-                self.gpu.add(ev, cat, ts, end)
-        self.events += count
-        self.first, self.last = first, last
-        self.kernel_us, self.kernels = kernel_us, kernels
-
-    def finish(self) -> list[Segment]:
-        if self.continuous:
-            return self._continuous()
-        return [self._discrete()]
-
-    def _discrete(self) -> Segment:
-        stage_ranges = _Ranges()
-        for _, start, end, *_ in self.markers:
-            stage_ranges.add(start, end)
-        if stage_ranges.starts:
-            wall, basis = _length(*stage_ranges.merged()), "stage"
-        elif self.mini:
-            mini = _Ranges()
-            for start, end in self.mini:
-                mini.add(start, end)
-            wall, basis = _length(*mini.merged()), "mini_batches"
-        else:
-            wall, basis = (self.last - self.first if self.events else 0.0), "span"
-        cpu_us = 0.0
-        for ranges in self.cpu.values():
-            cpu_us += _length(*ranges.merged())
-        return Segment(
-            stage=self.stage,
-            wall_us=wall,
-            basis=basis,
-            minibatch_us=sum(end - start for start, end in self.mini),
-            mini_batches=len(self.mini),
-            cpu_us=cpu_us,
-            kernel_us=self.kernel_us,
-            kernels=self.kernels,
-            events=self.events,
-        )
-
-    def _continuous(self) -> list[Segment]:
-        # Stage ranges are the candidates no other candidate contains; the rest are the user's own
-        # ranges inside a stage, and count as ordinary events again.
-        markers = sorted(self.markers, key=lambda m: (m[1], -m[2]))
-        stages: dict[str, _Ranges] = {}
-        outer_end = float("-inf")
-        for name, start, end, pid, tid, cat in markers:
-            if start >= outer_end or end > outer_end:
-                stages.setdefault(name, _Ranges()).add(start, end)
-                outer_end = max(outer_end, end)
-            elif cat == "cpu_op":
-                self.cpu.setdefault((pid, tid), _Ranges()).add(start, end)
-        cpu_merged = [ranges.merged() for ranges in self.cpu.values()]
-        event_ts = sorted(self.event_ts)
-        kernel_order = sorted(range(len(self.kernel_ts)), key=self.kernel_ts.__getitem__)
-        kernel_ts = [self.kernel_ts[i] for i in kernel_order]
-        kernel_cum = [0.0]
-        for i in kernel_order:
-            kernel_cum.append(kernel_cum[-1] + self.kernel_dur[i])
-        segments = []
-        for name, ranges in stages.items():
-            starts, ends = ranges.merged()
-            seg = Segment(stage=name, wall_us=_length(starts, ends), basis="stage")
-            for lo, hi in zip(starts, ends, strict=True):
-                for mini_start, mini_end in self.mini:
-                    if lo <= mini_start and mini_end <= hi:
-                        seg.minibatch_us += mini_end - mini_start
-                        seg.mini_batches += 1
-                seg.cpu_us += sum(_overlap(s, e, lo, hi) for s, e in cpu_merged)
-                a, b = bisect.bisect_left(kernel_ts, lo), bisect.bisect_right(kernel_ts, hi)
-                seg.kernels += b - a
-                seg.kernel_us += kernel_cum[b] - kernel_cum[a]
-                seg.events += bisect.bisect_right(event_ts, hi) - bisect.bisect_left(event_ts, lo)
-            segments.append(seg)
-        return segments
 
 
 @contextlib.contextmanager
@@ -605,19 +264,22 @@ def _loads() -> Callable[[bytes], Any] | None:
     return loads
 
 
-def scan_file(trace: TraceFile) -> FileScan:
-    """Read one file in one pass; raises :class:`TraceError` with the reason when it cannot."""
+def scan_file(trace: TraceFile, wanted: frozenset[str] | None = None) -> FileScan:
+    """Read one file in one pass; raises :class:`TraceError` with the reason when it cannot.
+
+    ``wanted``: stage names (label keys) to pick as stages where stages are found inside the file.
+    """
     try:
         size = os.path.getsize(trace.path)
         loads = _loads()
         if loads is not None and _safe_io.uncompressed_size(trace.path) < SMALL_FILE_BYTES:
             with contextlib.suppress(_safe_io.TooLargeError):  # a forged gzip trailer: stream the file instead
-                return _scan_whole(trace, loads, size, limit=SMALL_FILE_BYTES)
+                return _scan_whole(trace, loads, size, limit=SMALL_FILE_BYTES, wanted=wanted)
         if not _have_ijson():  # the analyze extra brings it; without it, decode whole (memory ~10x the file)
-            return _scan_whole(trace, loads or json.loads, size)
+            return _scan_whole(trace, loads or json.loads, size, wanted=wanted)
         with _safe_io.open_json(trace.path) as stream:
             header = _header(stream)
-        scanner = _Scanner(_stage_name(trace, header), trace.continuous)
+        scanner = _scanner(trace, header, wanted)
         with _safe_io.open_json(trace.path) as stream, _gc_paused():
             scanner.feed(_events_ijson(stream))
         return FileScan(scanner.finish(), header, scanner.events, size, scanner.gpu.rows())
@@ -627,7 +289,9 @@ def scan_file(trace: TraceFile) -> FileScan:
         raise TraceError(_reason(exc)) from exc
 
 
-def _scan_whole(trace: TraceFile, loads: Callable[[bytes], Any], size: int, limit: int = -1) -> FileScan:
+def _scan_whole(
+    trace: TraceFile, loads: Callable[[bytes], Any], size: int, limit: int = -1, wanted: frozenset[str] | None = None
+) -> FileScan:
     """The file decoded whole; ``TooLargeError`` when it decodes to more than ``limit`` bytes."""
     with _safe_io.open_json(trace.path) as stream:
         text = stream.read() if limit < 0 else _safe_io.read_at_most(stream, limit)
@@ -642,10 +306,15 @@ def _scan_whole(trace: TraceFile, loads: Callable[[bytes], Any], size: int, limi
         if not isinstance(events, list):
             raise TraceError("not a chrome trace (no traceEvents)")
         header = {k: data[k] for k in _HEADER_KEYS if k in data}
-        scanner = _Scanner(_stage_name(trace, header), trace.continuous)
+        scanner = _scanner(trace, header, wanted)
         scanner.feed(e for e in events if isinstance(e, dict))
         del data, events
     return FileScan(scanner.finish(), header, scanner.events, size, scanner.gpu.rows())
+
+
+def _scanner(trace: TraceFile, header: dict[str, Any], wanted: frozenset[str] | None) -> Scanner:
+    engine = trace.stage == "engine" or trace.tool in ("vllm", "sglang")  # judged by work, not by the window
+    return Scanner(_stage_name(trace, header), trace.continuous, inside=trace.inside, engine=engine, wanted=wanted)
 
 
 def meta_label(meta: Any, key: str) -> str | None:

@@ -7,6 +7,7 @@ and folds the per-file segments into :class:`RankStats` and :class:`StageStats`.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument.analyze._gpu import GpuTimes
+from instrument.analyze._names import worker_label
 from instrument.analyze._reader import (
     FileScan,
     Skipped,
@@ -68,11 +70,26 @@ class RankStats:
     files: tuple[str, ...]
     windows: tuple[tuple[int, int], ...]
     partial: bool
+    worker: str | None = None
+    """For a file no one gives a rank: its name (torch's ``{worker}`` part)."""
+    comm_ms: float = 0.0
+    """Time inside collectives (``c10d::``, ``gloo:``, ``nccl`` ops and kernels) within the stage."""
+    work_ms: float | None = None
+    """What the rank is judged by: wall minus collectives, an engine's execution time; ``None``: the wall time."""
+    iterations: int = 0
+    """Engine iterations (execution ranges) of an engine trace."""
 
     @property
     def label(self) -> str:
-        """``3`` for rank 3, ``replica1`` for a frontend."""
-        return str(self.rank) if self.rank is not None else f"replica{self.replica}"
+        """``3`` for rank 3, ``replica1`` for a frontend, the file's worker name for a file without a rank."""
+        if self.rank is not None:
+            return str(self.rank)
+        return self.worker if self.worker is not None else f"replica{self.replica}"
+
+    @property
+    def judged_ms(self) -> float:
+        """The rank's work: :attr:`work_ms`, else the wall time."""
+        return self.wall_ms if self.work_ms is None else self.work_ms
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -90,6 +107,10 @@ class RankStats:
             "windows": [list(w) for w in self.windows],
             "partial": self.partial,
             "files": list(self.files),
+            "worker": self.worker,
+            "comm_ms": _r(self.comm_ms),
+            "work_ms": _r(self.judged_ms),
+            "iterations": self.iterations,
         }
 
 
@@ -105,15 +126,19 @@ class StageStats:
     max_ms: float
     min_ms: float
     straggler: str
-    """Label of the slowest rank (argmax of wall time; the lowest rank on a tie)."""
+    """Label of the slowest rank (argmax of its work, see :attr:`judged_by`; the lowest rank on a tie)."""
     straggler_rank: int | None
     ratio: float | None
-    """max / median of the wall time; ``None`` when the median is 0."""
+    """max / median of the work; ``None`` when the median is 0."""
     minibatch_ms: float
     cpu_ms: float
     kernel_ms: float | None
     events: float
     """The last four: medians across ranks."""
+    judged_by: str = "wall"
+    """``wall``: ranks compared by wall time; ``work``: by wall time minus time in collectives (a rank
+    waiting in a barrier for a slow peer is not slow), or an engine's execution time, not its window."""
+    median_work_ms: float = 0.0
 
     @property
     def windows(self) -> tuple[tuple[int, int], ...]:
@@ -134,6 +159,8 @@ class StageStats:
             "straggler": self.straggler,
             "straggler_rank": self.straggler_rank,
             "straggler_ratio": None if self.ratio is None else round(self.ratio, 4),
+            "straggler_by": self.judged_by,
+            "median_work_ms": _r(self.median_work_ms),
             "median_minibatch_ms": _r(self.minibatch_ms),
             "median_cpu_ms": _r(self.cpu_ms),
             "median_kernel_ms": None if self.kernel_ms is None else _r(self.kernel_ms),
@@ -247,16 +274,17 @@ def _default_jobs() -> int:
     return max(1, min(cpus, 8))
 
 
-def _scan_or_skip(trace: TraceFile) -> FileScan | Skipped:
+def _scan_or_skip(trace: TraceFile, wanted: frozenset[str] | None = None) -> FileScan | Skipped:
     try:
-        return scan_file(trace)
+        return scan_file(trace, wanted)
     except TraceError as exc:
         return Skipped(trace.path, str(exc))
 
 
-def _scan_all(files: list[TraceFile], jobs: int) -> Iterator[FileScan | Skipped]:
+def _scan_all(files: list[TraceFile], jobs: int, wanted: frozenset[str] | None = None) -> Iterator[FileScan | Skipped]:
+    scan = functools.partial(_scan_or_skip, wanted=wanted)
     if jobs <= 1 or len(files) < 2:
-        yield from map(_scan_or_skip, files)
+        yield from map(scan, files)
         return
     import multiprocessing
     import threading
@@ -273,7 +301,7 @@ def _scan_all(files: list[TraceFile], jobs: int) -> Iterator[FileScan | Skipped]
     largest_first = sorted(range(len(files)), key=lambda i: -_size(files[i].path))
     results: list[FileScan | Skipped | None] = [None] * len(files)
     with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
-        for i, result in zip(largest_first, pool.map(_scan_or_skip, [files[i] for i in largest_first]), strict=True):
+        for i, result in zip(largest_first, pool.map(scan, [files[i] for i in largest_first]), strict=True):
             results[i] = result
     for done in results:
         if done is None:  # pragma: no cover - map() returns one result per file
@@ -298,6 +326,10 @@ class _Cell:
     files: list[str] = field(default_factory=list)
     windows: list[tuple[int, int]] = field(default_factory=list)
     partial: bool = False
+    worker: str | None = None
+    comm_us: float = 0.0
+    work_us: float | None = None
+    iterations: int = 0
 
 
 @dataclass(frozen=True)
@@ -309,10 +341,10 @@ class _Filters:
     def keeps(self, trace: TraceFile) -> bool:
         if self.ranks is not None and (trace.rank is None or trace.rank not in self.ranks):
             return False
-        if self.steps is not None and trace.step not in self.steps:
-            return False
+        if self.steps is not None and not trace.inside and trace.step not in self.steps:
+            return False  # a file whose steps lie inside it is filtered by segment
         # a continuous trace holds every stage: its segments are filtered after reading
-        return self.stages is None or trace.continuous or label_key(trace.stage) in self.stages
+        return self.stages is None or trace.continuous or trace.inside or label_key(trace.stage) in self.stages
 
     def keeps_stage(self, stage: str) -> bool:
         return self.stages is None or label_key(stage) in self.stages
@@ -366,7 +398,7 @@ def analyze(
         total = sum(_size(t.path) for t in unique)
         jobs = _default_jobs() if total >= PARALLEL_MIN_BYTES else 1
     fold = _Fold(filters)
-    for trace, result in zip(unique, _scan_all(unique, jobs), strict=True):
+    for trace, result in zip(unique, _scan_all(unique, jobs, filters.stages), strict=True):
         if isinstance(result, Skipped):
             skipped.append(result)
         else:
@@ -397,12 +429,9 @@ def _identified(found: list[TraceFile], filters: _Filters, skipped: list[Skipped
             except TraceError as exc:
                 skipped.append(Skipped(trace.path, str(exc)))
                 continue
-            if completed is None:
-                reason = "no rank: neither a manifest, the file name nor distributedInfo gives one"
-                skipped.append(Skipped(trace.path, reason))
-                continue
-            trace = completed  # noqa: PLW2901
-        elif trace.rank is None and (trace.stage != "frontend" or trace.replica is None):
+            # no rank anywhere (a single-process run): analysed all the same, named after the file
+            trace = completed or replace(trace, worker=worker_label(trace.path))  # noqa: PLW2901
+        elif trace.rank is None and trace.worker is None and (trace.stage != "frontend" or trace.replica is None):
             skipped.append(Skipped(trace.path, "no rank: relocated as rank-unknown"))
             continue
         if filters.keeps(trace):
@@ -425,7 +454,7 @@ def _without_duplicates(wanted: list[TraceFile], skipped: list[Skipped]) -> list
     return unique
 
 
-_CellKey = tuple[int, str, str, str, int]
+_CellKey = tuple[int, str, str, str, int | str]
 
 
 class _Fold:
@@ -444,16 +473,26 @@ class _Fold:
         self.bytes += scan.bytes
         self.events += scan.events
         role = _role(trace, scan)
-        who, number = ("rank", trace.rank) if trace.rank is not None else ("replica", trace.replica)
+        _, _, _, who, number, _ = trace.key()
+        steps = self.filters.steps
         for segment in scan.segments:
             if not self.filters.keeps_stage(segment.stage):
                 continue
+            step = trace.step if segment.step is None else segment.step
+            if steps is not None and step not in steps:
+                continue
             _remember(self.names, role)
             _remember(self.names, segment.stage)
-            key = (trace.step, label_key(role), label_key(segment.stage), who, -1 if number is None else number)
+            key = (step, label_key(role), label_key(segment.stage), who, number)
             cell = self.cells.get(key)
             if cell is None:
-                cell = self.cells[key] = _Cell(role, segment.stage, trace.rank, trace.replica)
+                cell = self.cells[key] = _Cell(role, segment.stage, trace.rank, trace.replica, worker=trace.worker)
+            cell.comm_us += segment.comm_us
+            cell.iterations += segment.iterations
+            if segment.work_us is not None or cell.work_us is not None:
+                cell.work_us = (cell.work_us if cell.work_us is not None else cell.wall_us) + (
+                    segment.wall_us if segment.work_us is None else segment.work_us
+                )
             cell.wall_us += segment.wall_us
             cell.basis.add(segment.basis)
             cell.minibatch_us += segment.minibatch_us
@@ -509,6 +548,10 @@ class _Fold:
                     files=tuple(cell.files),
                     windows=tuple(sorted(cell.windows)),
                     partial=cell.partial,
+                    worker=cell.worker,
+                    comm_ms=cell.comm_us / _US_PER_MS,
+                    work_ms=None if cell.work_us is None else cell.work_us / _US_PER_MS,
+                    iterations=cell.iterations,
                 )
             )
         return groups
@@ -537,10 +580,15 @@ def _median(values: list[float]) -> float:
 
 
 def _across(members: list[RankStats]) -> StageStats:
-    members.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else r.replica or 0))
+    members.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else r.replica or 0, r.worker or ""))
     walls = [r.wall_ms for r in members]
     median = _median(walls)
-    slowest = max(members, key=lambda r: r.wall_ms)  # max keeps the first of equals: the lowest rank
+    # Judged by work: a rank that waits in a collective for a slow peer has a long wall time too, so
+    # the slow one is the rank with the most time outside collectives (an engine: its execution time).
+    works = [r.judged_ms for r in members]
+    median_work = _median(works)
+    slowest = max(members, key=lambda r: r.judged_ms)  # max keeps the first of equals: the lowest rank
+    by_work = any(r.work_ms is not None for r in members)
     kernels = [r.kernel_ms for r in members if r.kernel_ms is not None]
     first = members[0]
     return StageStats(
@@ -549,13 +597,15 @@ def _across(members: list[RankStats]) -> StageStats:
         stage=first.stage,
         ranks=tuple(members),
         median_ms=median,
-        max_ms=slowest.wall_ms,
+        max_ms=max(walls),
         min_ms=min(walls),
         straggler=slowest.label,
         straggler_rank=slowest.rank,
-        ratio=slowest.wall_ms / median if median > 0 else None,
+        ratio=slowest.judged_ms / median_work if median_work > 0 else None,
         minibatch_ms=_median([r.minibatch_ms for r in members]),
         cpu_ms=_median([r.cpu_ms for r in members]),
         kernel_ms=_median(kernels) if kernels else None,
         events=_median([float(r.events) for r in members]),
+        judged_by="work" if by_work else "wall",
+        median_work_ms=median_work,
     )

@@ -1,0 +1,270 @@
+"""One pass over a file's events: the ranges and counters its numbers need (:class:`Scanner`).
+
+Per file it keeps counters, the few stage, step, mini-batch, collective and execution ranges, and the
+start and end of every ``cpu_op`` event (16 bytes each, to take their union per thread); where stages
+are ranges inside the file, also the start of every event and kernel. Memory follows the file read.
+"""
+
+from __future__ import annotations
+
+import bisect
+import operator
+import re
+from array import array
+from collections.abc import Iterable
+from typing import Any
+
+from instrument.analyze._gpu import GpuAccumulator, is_profiler_step
+from instrument.analyze._names import label_key
+from instrument.analyze._steps import (
+    COLLECTIVE,
+    EXECUTE,
+    Marker,
+    Picked,
+    Ranges,
+    Segment,
+    length,
+    overlap,
+    pick_stages,
+    union,
+)
+
+__all__ = ["Scanner"]
+
+_HOST_CATS = frozenset({"cpu_op", "user_annotation"})  # where the SDK's stage and mini-batch ranges live
+_MINI_BATCH = re.compile(r"mini_batch(\d+)\Z")
+# A name that can be a stage range in a continuous trace: a label, not an op ("aten::mm") or a
+# profiler row ("ProfilerStep#3", "Optimizer.step#Adam.step").
+_STAGE_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.=+-]*\Z")
+_GPU_OTHER = frozenset({"gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})  # GPU work and launches
+
+
+class Scanner:
+    """Takes events one at a time; :meth:`finish` turns them into segments.
+
+    ``inside``: steps and stages are found inside the file (:mod:`._steps`); ``engine``: an inference
+    engine's trace, judged by its execution ranges; ``wanted``: ``--stage`` names (label keys).
+    """
+
+    def __init__(
+        self,
+        stage: str,
+        continuous: bool,
+        *,
+        inside: bool = False,
+        engine: bool = False,
+        wanted: frozenset[str] | None = None,
+    ) -> None:
+        self.stage_key = label_key(stage)
+        self.stage = stage
+        self.continuous = continuous
+        self.inside = inside
+        self.engine = engine
+        self.wanted = wanted
+        self.kinds: dict[str, int] = {}
+        self.cpu: dict[tuple[Any, Any], Ranges] = {}
+        self.markers: list[Marker] = []
+        self.mini: list[tuple[float, float]] = []
+        self.steps: list[tuple[int, float, float]] = []  # ProfilerStep#N: (N, start, end)
+        self.comm: list[tuple[float, float]] = []  # inside collectives, every thread and stream
+        self.execs: list[tuple[float, float]] = []  # an engine's execution ranges
+        self.kernel_us = 0.0
+        self.kernels = 0
+        self.events = 0
+        self.first = float("inf")
+        self.last = float("-inf")
+        # continuous / inside / engine only: where every event and kernel falls
+        self.event_ts = array("d")
+        self.kernel_ts = array("d")
+        self.kernel_dur = array("d")
+        self.gpu = GpuAccumulator()
+
+    def _kind(self, name: str) -> int:
+        """0: an ordinary event, 1: a mini-batch range, 2: a stage range (or, found inside, a candidate),
+        3: a ``ProfilerStep#N`` range, 4: a collective, 5: an engine's execution range (else ordinary)."""
+        if is_profiler_step(name) is not None:
+            kind = 3
+        elif _MINI_BATCH.match(name):
+            kind = 1
+        elif COLLECTIVE.match(name):
+            kind = 4
+        elif self.engine:
+            kind = 5 if EXECUTE.match(name) else 0
+        elif self.inside:
+            kind = 2  # any annotation (the caller checks the category)
+        elif self.continuous:
+            kind = 2 if _STAGE_LIKE.match(name) else 0
+        else:
+            kind = 2 if name == self.stage or label_key(name) == self.stage_key else 0
+        self.kinds[name] = kind
+        return kind
+
+    def feed(self, events: Iterable[Any]) -> None:  # noqa: PLR0915 - one hot loop, inline for speed
+        kinds = self.kinds
+        cpu = self.cpu
+        inside = self.inside
+        placed = self.continuous or inside or self.engine
+        event_ts = self.event_ts
+        count = 0
+        first, last = self.first, self.last
+        kernel_us, kernels = self.kernel_us, self.kernels
+        for ev in events:
+            if ev.get("ph") != "X":
+                continue
+            count += 1
+            ts = ev.get("ts")
+            if ts is None:
+                continue
+            end = ts + (ev.get("dur") or 0)
+            if ts < first:  # noqa: PLR1730 - a comparison is cheaper than a call to min() here
+                first = ts
+            if end > last:  # noqa: PLR1730
+                last = end
+            if placed:
+                event_ts.append(ts)
+            cat = ev.get("cat")
+            if cat in _HOST_CATS:
+                name = ev.get("name")
+                kind = kinds.get(name)
+                if kind is None:
+                    kind = self._kind(str(name))
+                if kind == 1:
+                    self.mini.append((ts, end))
+                    continue
+                if kind == 2 and not (inside and cat == "cpu_op"):  # found inside: annotations only
+                    self.markers.append((str(name), ts, end, ev.get("pid"), ev.get("tid"), cat))
+                    continue
+                if kind == 3:
+                    self.gpu.add_step(is_profiler_step(str(name)) or 0, ts, end)
+                    self.steps.append((is_profiler_step(str(name)) or 0, ts, end))
+                elif kind == 4:
+                    self.comm.append((ts, end))
+                elif kind == 5:
+                    self.execs.append((ts, end))
+                if cat == "cpu_op":
+                    key = (ev.get("pid"), ev.get("tid"))
+                    ranges = cpu.get(key)
+                    if ranges is None:
+                        ranges = cpu[key] = Ranges()
+                    ranges.starts.append(ts)
+                    ranges.ends.append(end)
+            elif cat == "kernel":
+                kernels += 1
+                kernel_us += end - ts
+                if placed:
+                    self.kernel_ts.append(ts)
+                    self.kernel_dur.append(end - ts)
+                if str(ev.get("name")).startswith("nccl"):
+                    self.comm.append((ts, end))
+                self.gpu.add(ev, cat, ts, end)
+            elif cat == "gpu_user_annotation" and inside:
+                name = ev.get("name")
+                if kinds.get(name, None) == 2 or (name not in kinds and self._kind(str(name)) == 2):
+                    self.markers.append((str(name), ts, end, ev.get("pid"), ev.get("tid"), cat))
+            elif cat in _GPU_OTHER:
+                self.gpu.add(ev, cat, ts, end)
+        self.events += count
+        self.first, self.last = first, last
+        self.kernel_us, self.kernels = kernel_us, kernels
+
+    def finish(self) -> list[Segment]:
+        if self.continuous or self.inside:
+            picked, rest = pick_stages(self.markers, self.steps if self.inside else [], self.wanted, label_key)
+            for _, start, end, pid, tid, cat in rest:  # the user's own ranges inside a stage: ordinary again
+                if cat == "cpu_op":
+                    self.cpu.setdefault((pid, tid), Ranges()).add(start, end)
+            self.markers = []
+            if not picked and self.inside:
+                # no annotation: each ProfilerStep whole, or (neither) the whole trace as one row
+                picked = [Picked(n, self.stage, [lo], [hi]) for n, lo, hi in sorted(self.steps)]
+                if not picked:
+                    return [self._discrete()]
+                return self._measure(picked, basis="step")
+            return self._measure(picked, basis="stage")
+        return [self._discrete()]
+
+    def _discrete(self) -> Segment:
+        stage_ranges = Ranges()
+        for _, start, end, *_ in self.markers:
+            stage_ranges.add(start, end)
+        if stage_ranges.starts:
+            (starts, ends), basis = stage_ranges.merged(), "stage"
+        elif self.mini:
+            (starts, ends), basis = union(self.mini), "mini_batches"
+        else:
+            starts, ends = ([self.first], [self.last]) if self.events else ([], [])
+            basis = "span"
+        cpu_us = 0.0
+        for ranges in self.cpu.values():
+            cpu_us += length(*ranges.merged())
+        wall = length(starts, ends)
+        comm = union(self.comm)
+        comm_us = sum(overlap(*comm, lo, hi) for lo, hi in zip(starts, ends, strict=True))
+        work_us: float | None = wall - comm_us if comm_us else None
+        iterations = 0
+        if self.engine and basis == "span":
+            work_us, iterations = self._engine_work(cpu_us)
+        return Segment(
+            stage=self.stage,
+            wall_us=wall,
+            basis=basis,
+            minibatch_us=sum(end - start for start, end in self.mini),
+            mini_batches=len(self.mini),
+            cpu_us=cpu_us,
+            kernel_us=self.kernel_us,
+            kernels=self.kernels,
+            events=self.events,
+            comm_us=comm_us,
+            work_us=work_us,
+            iterations=iterations,
+        )
+
+    def _engine_work(self, cpu_us: float) -> tuple[float, int]:
+        """An engine's work, not its profiling window: the union of its execution ranges (and how many
+        outermost ones: iterations), else of its kernels, else of its cpu ops on every thread."""
+        if self.execs:
+            starts, ends = union(self.execs)
+            outermost = 0
+            reach = float("-inf")
+            for start, end in sorted(self.execs, key=lambda r: (r[0], -r[1])):
+                if start >= reach:
+                    outermost += 1
+                reach = max(reach, end)
+            return length(starts, ends), outermost
+        if self.kernel_ts:
+            kernel_ends = map(operator.add, self.kernel_ts, self.kernel_dur)
+            return length(*union(zip(self.kernel_ts, kernel_ends, strict=True))), 0
+        if not cpu_us:
+            return 0.0, 0
+        everywhere: list[tuple[float, float]] = []
+        for ranges in self.cpu.values():
+            everywhere.extend(zip(*ranges.merged(), strict=True))
+        return length(*union(everywhere)), 0
+
+    def _measure(self, picked: list[Picked], basis: str) -> list[Segment]:
+        cpu_merged = [ranges.merged() for ranges in self.cpu.values()]
+        comm = union(self.comm)
+        event_ts = sorted(self.event_ts)
+        kernel_order = sorted(range(len(self.kernel_ts)), key=self.kernel_ts.__getitem__)
+        kernel_ts = [self.kernel_ts[i] for i in kernel_order]
+        kernel_cum = [0.0]
+        for i in kernel_order:
+            kernel_cum.append(kernel_cum[-1] + self.kernel_dur[i])
+        segments = []
+        for stage in picked:
+            seg = Segment(stage=stage.name, wall_us=length(stage.starts, stage.ends), basis=basis, step=stage.step)
+            for lo, hi in zip(stage.starts, stage.ends, strict=True):
+                for mini_start, mini_end in self.mini:
+                    if lo <= mini_start and mini_end <= hi:
+                        seg.minibatch_us += mini_end - mini_start
+                        seg.mini_batches += 1
+                seg.cpu_us += sum(overlap(s, e, lo, hi) for s, e in cpu_merged)
+                seg.comm_us += overlap(*comm, lo, hi)
+                a, b = bisect.bisect_left(kernel_ts, lo), bisect.bisect_right(kernel_ts, hi)
+                seg.kernels += b - a
+                seg.kernel_us += kernel_cum[b] - kernel_cum[a]
+                seg.events += bisect.bisect_right(event_ts, hi) - bisect.bisect_left(event_ts, lo)
+            if seg.comm_us:
+                seg.work_us = seg.wall_us - seg.comm_us
+            segments.append(seg)
+        return segments
