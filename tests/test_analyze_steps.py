@@ -196,3 +196,8 @@ def test_real_profiler_traces_of_gloo_ranks_name_the_straggler(tmp_path: Path) -
         gen = _stage(report, "generate_sequences", step)
         assert [r.rank for r in gen.ranks] == [0, 1]
         assert gen.judged_by == "work" and gen.straggler_rank == 1
+
+
+def test_the_table_says_stragglers_are_judged_by_work(tmp_path: Path) -> None:
+    text = analyze(_torch_set(tmp_path / "torch"), jobs=1).render_text(width=200)
+    assert "judged by work" in text and "not the waiters" in " ".join(text.split())

@@ -146,6 +146,12 @@ def _summary(report: Report) -> tuple[str, list[str], list[str]]:
     legend = ["ms: wall time of the stage range (median and max across ranks);"]
     if any(len(s.ranks) > 1 for s in report.stages):
         legend.append("slowest: the straggler rank, max/med: its time over the median;")
+    if any(s.judged_by == "work" and len(s.ranks) > 1 for s in report.stages):
+        # a rank waiting in a barrier for a slow peer has as long a wall time as the peer: say how we judged
+        legend.append(
+            "stragglers judged by work: time outside collectives (barrier, all_reduce), so the rank the others"
+            " wait for is named, not the waiters; engines by execution time, not by their profiling window;"
+        )
     legend.append("mini-batch, cpu op, gpu ms and events: medians across ranks; -: none in the traces.")
     notes = []
     caveat = clock_caveat(report)
