@@ -408,3 +408,49 @@ def test_a_trace_swapped_for_a_fifo_is_not_linked_into_out(tmp_path: Path) -> No
     finally:
         os.close(folder)
     assert list(out.iterdir()) == []
+
+
+def test_a_vllm_frontend_trace_is_a_replica_worker_for_tensorboard_and_left_out_of_hta(tmp_path: Path) -> None:
+    source = tmp_path / "save"
+    source.mkdir()
+    _engine_trace(source / "rollout_frontend_step2_replica1_h_7.async_llm.1.pt.trace.json.gz", distributed_rank=None)
+    export = layout.export_layout(source, tmp_path / "tb", "tensorboard")
+    assert [Path(f.target).parent.as_posix() for f in export.files] == ["rollout/frontend/step2"]
+    assert Path(export.files[0].target).name.startswith("replica1.")
+    export = layout.export_layout(source, tmp_path / "hta", "hta")
+    assert export.files == () and "no rank: a vLLM frontend trace" in export.skipped[0].reason
+
+
+def test_many_folders_with_few_descriptors(save_path: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run with thousands of folders must not run out of descriptors: folders reopen safely."""
+    monkeypatch.setattr(layout, "MAX_OPEN_FOLDERS", 2)
+    export = layout.export_layout(save_path, tmp_path / "tb", "tensorboard")
+    assert export.skipped == () and len(export.files) == WORLD * STEPS * 2
+    assert export.folders == tuple(sorted(_EXPECTED_FOLDERS))
+    assert [Path(f.target).name.split(".")[0] for f in export.files[:WORLD]] == [f"rank{r}" for r in range(WORLD)]
+
+
+_FEW_FDS = """
+import resource, sys
+from instrument.analyze._layout import export_layout
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+export = export_layout(sys.argv[1], sys.argv[2], "tensorboard")
+print(len(export.files), len(export.skipped), export.skipped[:1])
+"""
+
+
+def test_more_folders_than_the_descriptor_limit(tmp_path: Path) -> None:
+    """200 step folders under a limit of 64 open files: every one is written."""
+    source = tmp_path / "save"
+    source.mkdir()
+    body = gzip.compress(b'{"distributedInfo": {"rank": 0}, "traceEvents": []}')
+    for step in range(1, 201):
+        (source / f"actor_stage_step{step}_rank0-of-1_h_pid1_1.pt.trace.json.gz").write_bytes(body)
+    done = subprocess.run(
+        [sys.executable, "-c", _FEW_FDS, str(source), str(tmp_path / "tb")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "200 0 ()"), done.stderr[-2000:]

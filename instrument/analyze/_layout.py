@@ -28,6 +28,7 @@ import re
 import shutil
 import stat
 import zlib
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,8 @@ _HEAD_BYTES = 1 << 20  # the header (distributedInfo …) comes before traceEven
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _GZIP_MAGIC = b"\x1f\x8b"
+MAX_OPEN_FOLDERS = 32
+"""Folder descriptors :class:`_Tree` keeps open at once."""
 
 
 @dataclass(frozen=True)
@@ -201,22 +204,40 @@ def _prepare_out(directory: str | os.PathLike[str], out: str | os.PathLike[str])
 
 
 class _Tree:
-    """Folders under OUT, each created by us and opened without following symlinks."""
+    """Folders under OUT, each created by us and opened without following symlinks.
+
+    At most :data:`MAX_OPEN_FOLDERS` descriptors stay open (a run can have thousands of folders); a
+    folder opened again is opened relative to its parent with ``O_NOFOLLOW``, so a folder swapped
+    for a symlink meanwhile is refused, never followed.
+    """
 
     def __init__(self, root: Path) -> None:
-        self._fds: dict[str, int] = {"": os.open(root, _DIR_FLAGS)}
+        self._fds: OrderedDict[str, int] = OrderedDict({"": os.open(root, _DIR_FLAGS)})
+        self._made: set[str] = set()
+
+    def _open(self, relative: str) -> int:
+        if relative in self._fds:
+            self._fds.move_to_end(relative)
+            return self._fds[relative]
+        parent, _, part = relative.rpartition("/")
+        parent_fd = self._open(parent)
+        if relative not in self._made:
+            # mkdir is exclusive: a name someone else made meanwhile (maybe a symlink) is refused
+            os.mkdir(part, 0o755, dir_fd=parent_fd)
+            self._made.add(relative)
+        fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
+        self._fds[relative] = fd
+        while len(self._fds) > MAX_OPEN_FOLDERS:
+            oldest = next(k for k in self._fds if k)  # never the root: every path starts there
+            os.close(self._fds.pop(oldest))
+        return fd
 
     def folder(self, relative: str) -> int:
-        """The descriptor of ``relative`` (``a/b/c``), creating what is missing; never follows a link."""
-        parent = ""
-        for part in relative.split("/"):
-            here = f"{parent}/{part}" if parent else part
-            if here not in self._fds:
-                # mkdir is exclusive: a name someone else made meanwhile (maybe a symlink) is refused
-                os.mkdir(part, 0o755, dir_fd=self._fds[parent])
-                self._fds[here] = os.open(part, _DIR_FLAGS, dir_fd=self._fds[parent])
-            parent = here
-        return self._fds[parent]
+        """The descriptor of ``relative`` (``a/b/c``), creating what is missing; never follows a link.
+
+        Valid until the next call (it may be closed to keep few descriptors open).
+        """
+        return self._open(relative)
 
     def close(self) -> None:
         for fd in self._fds.values():
@@ -377,7 +398,8 @@ def export_layout(
     files: list[Exported] = []
     tree = _Tree(root)
     try:
-        for trace in chosen:
+        # folder by folder, ranks in order: few folder descriptors are needed and the listing reads well
+        for trace in sorted(chosen, key=lambda t: (folder_of(t), t.rank is None, t.rank or 0, t.replica or 0)):
             if layout == "hta" and trace.rank is None:
                 skipped.append(Skipped(trace.path, "no rank: a vLLM frontend trace (HTA needs one rank per file)"))
                 continue
