@@ -454,3 +454,12 @@ def test_more_folders_than_the_descriptor_limit(tmp_path: Path) -> None:
         check=False,
     )
     assert (done.returncode, done.stdout.strip()) == (0, "200 0 ()"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("label", ["..", ".", "", "a/../../b", "/etc", "\x1b[31mred", "x" * 300])
+def test_hostile_labels_make_one_safe_folder_name(label: str) -> None:
+    trace = layout.TraceFile(path="p", role=label, stage=label, step=1, rank=0, world=1)
+    parts = layout.folder_of(trace).split("/")
+    assert len(parts) == 3 and parts[2] == "step1"
+    for part in parts[:2]:
+        assert part not in ("", ".", "..") and re.fullmatch(r"[A-Za-z0-9.=+-]{1,40}", part), part
