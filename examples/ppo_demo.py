@@ -217,20 +217,24 @@ def train(
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG as it was
         torch.manual_seed(seed)
         trainer = Trainer(seed)
+        longest = 0.0
         for step in range(1, steps_total + 1):
             started = time.perf_counter()
             with ins.profile_step(step, last=(step == steps_total)):
                 stats = trainer.step()
                 triggered = run.step_triggered  # read inside the step: it describes the open step
                 if step == slow_step:
-                    time.sleep(max(0.3, 10 * (time.perf_counter() - started)))  # a straggling step
+                    # Twice the longest step so far: over the trigger's 1.5 x median however loaded the machine is.
+                    time.sleep(max(0.3, 2 * longest))
             note = "  profiled" if step in profiled else ""
             if triggered:
                 note = "  profiled on demand (slow-step trigger)"
             elif step == slow_step:
                 note += "  slow on purpose"
             rewards.append(stats.reward)
-            say([stats.line(step, steps_total, time.perf_counter() - started) + note])
+            took = time.perf_counter() - started
+            longest = max(longest, took)
+            say([stats.line(step, steps_total, took) + note])
         files = tuple(Path(f).absolute() for f in ins.finish())
 
     manifest = run.manifest_path.absolute()
