@@ -11,6 +11,7 @@ import asyncio
 import inspect
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Coroutine
@@ -133,6 +134,20 @@ def test_in_a_configured_process_engine_traces_join_the_runs_manifest(tmp_path: 
     [record] = profiler.stop(1)
     assert [Path(f).name for f in ins.finish()] == [record.path]
     assert [m.name for m in (tmp_path / "save").glob(MANIFEST_GLOB)] == [run.manifest_path.name]
+
+
+def test_the_run_decides_which_steps_the_engine_records(tmp_path: Path) -> None:
+    """A step the run profiles on demand (here: SIGUSR1's flag) is recorded by the engine too."""
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(3,), on_demand=True)
+    ins.configure(cfg, role="rollout", rank=0)
+    profiler = _profiler(tmp_path)  # its own config profiles steps 1-3
+    with ins.profile_step(1):
+        assert not profiler.start(1)  # the run does not profile step 1
+    os.kill(os.getpid(), signal.SIGUSR1)  # profile the next step
+    with ins.profile_step(2):
+        assert profiler.start(2)
+        [record] = profiler.stop(2)
+    assert record.step == 2
 
 
 def test_a_given_manifest_gets_the_lines(tmp_path: Path) -> None:

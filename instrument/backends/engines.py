@@ -22,6 +22,7 @@ from typing import Protocol, cast, runtime_checkable
 from instrument import naming, ranks
 from instrument._finish import move_into, wait_until_stable
 from instrument._manifest import Manifest, TraceRecord
+from instrument._state import STATE
 from instrument.backends import Publish, Report
 from instrument.config import ProfilerConfig
 
@@ -249,8 +250,6 @@ def process_publisher(save_path: str | os.PathLike[str]) -> Publish:
     (one manifest, and ``finish()`` returns them), else one :class:`Manifest` per ``save_path``
     for the whole process, however many profilers write into it.
     """
-    from instrument._session import STATE  # imported here: engines load without the session
-
     target = os.path.abspath(save_path)
     session = STATE.session
     publish = getattr(session, "publish", None)
@@ -329,9 +328,17 @@ class RolloutProfiler:
         else:
             process_publisher(self.config.save_path)(record)
 
+    def _profiles(self, step: int) -> bool:
+        # Inside a configured run with this step open, the run decides (triggers and SIGUSR1
+        # included): one lifecycle for the trainer's stages and its engine.
+        session = STATE.session
+        if session is not None and session.step == step:
+            return bool(session.step_profiled)
+        return self.config.profiles_step(step)
+
     def start(self, step: int) -> bool:
         """Start the engine profiler if this worker drives a replica and ``step`` is profiled."""
-        if self.replica is None or not self.config.profiles_step(step):
+        if self.replica is None or not self._profiles(step):
             return False
         self._started_ns = time.time_ns()
         try:
