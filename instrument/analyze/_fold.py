@@ -1,0 +1,167 @@
+"""Per-file segments summed per step x role x stage x rank (:class:`Fold`), and the filters applied to them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from instrument.analyze._gpu import GpuTimes
+from instrument.analyze._reader import FileScan, TraceFile, label_key, meta_label
+from instrument.analyze._stats import US_PER_MS, RankStats
+
+__all__ = ["Filters", "Fold"]
+
+
+@dataclass
+class _Cell:
+    role: str
+    stage: str
+    rank: int | None
+    replica: int | None
+    wall_us: float = 0.0
+    basis: set[str] = field(default_factory=set)
+    minibatch_us: float = 0.0
+    mini_batches: int = 0
+    cpu_us: float = 0.0
+    kernel_us: float = 0.0
+    kernels: int = 0
+    events: int = 0
+    files: list[str] = field(default_factory=list)
+    windows: list[tuple[int, int]] = field(default_factory=list)
+    partial: bool = False
+    worker: str | None = None
+    comm_us: float = 0.0
+    work_us: float | None = None
+    iterations: int = 0
+
+
+@dataclass(frozen=True)
+class Filters:
+    ranks: frozenset[int] | None
+    steps: frozenset[int] | None
+    stages: frozenset[str] | None
+
+    def keeps(self, trace: TraceFile) -> bool:
+        if self.ranks is not None and (trace.rank is None or trace.rank not in self.ranks):
+            return False
+        if self.steps is not None and not trace.inside and trace.step not in self.steps:
+            return False  # a file whose steps lie inside it is filtered by segment
+        # a continuous trace holds every stage: its segments are filtered after reading
+        return self.stages is None or trace.continuous or trace.inside or label_key(trace.stage) in self.stages
+
+    def keeps_stage(self, stage: str) -> bool:
+        return self.stages is None or label_key(stage) in self.stages
+
+
+_CellKey = tuple[int, str, str, str, int | str]
+
+
+class Fold:
+    """Sums the files' segments per step x role x stage x rank."""
+
+    def __init__(self, filters: Filters) -> None:
+        self.filters = filters
+        self.cells: dict[_CellKey, _Cell] = {}
+        self.names: dict[str, str] = {}  # label key -> the name as the user wrote it
+        self.files = self.bytes = self.events = 0
+        self.gpu: dict[tuple[int, int], tuple[int | None, int | None, GpuTimes]] = {}
+
+    def add(self, trace: TraceFile, scan: FileScan) -> None:
+        self._add_gpu(trace, scan)
+        self.files += 1
+        self.bytes += scan.bytes
+        self.events += scan.events
+        role = _role(trace, scan)
+        _, _, _, who, number, _ = trace.key()
+        steps = self.filters.steps
+        for segment in scan.segments:
+            if not self.filters.keeps_stage(segment.stage):
+                continue
+            step = trace.step if segment.step is None else segment.step
+            if steps is not None and step not in steps:
+                continue
+            _remember(self.names, role)
+            _remember(self.names, segment.stage)
+            key = (step, label_key(role), label_key(segment.stage), who, number)
+            cell = self.cells.get(key)
+            if cell is None:
+                cell = self.cells[key] = _Cell(role, segment.stage, trace.rank, trace.replica, worker=trace.worker)
+            cell.comm_us += segment.comm_us
+            cell.iterations += segment.iterations
+            if segment.work_us is not None or cell.work_us is not None:
+                cell.work_us = (cell.work_us if cell.work_us is not None else cell.wall_us) + (
+                    segment.wall_us if segment.work_us is None else segment.work_us
+                )
+            cell.wall_us += segment.wall_us
+            cell.basis.add(segment.basis)
+            cell.minibatch_us += segment.minibatch_us
+            cell.mini_batches += segment.mini_batches
+            cell.cpu_us += segment.cpu_us
+            cell.kernel_us += segment.kernel_us
+            cell.kernels += segment.kernels
+            cell.events += segment.events
+            if trace.path not in cell.files:
+                cell.files.append(trace.path)
+            if trace.window is not None:
+                cell.windows.append(trace.window)
+            cell.partial = cell.partial or trace.partial
+
+    def _add_gpu(self, trace: TraceFile, scan: FileScan) -> None:
+        steps = self.filters.steps
+        for row in scan.gpu:
+            if row.step is not None and steps is not None and row.step not in steps:
+                continue
+            # sort key: rank (unknown last), whole trace first, then steps
+            key = (-1 if trace.rank is None else trace.rank, -1 if row.step is None else row.step)
+            held = self.gpu.get(key)
+            if held is None:
+                self.gpu[key] = (trace.rank, row.step, replace(row.times))
+            else:
+                held[2].add(row.times)
+
+    def gpu_rows(self) -> tuple[dict[str, Any], ...]:
+        """The ``gpu`` rows of the JSON, by rank then step."""
+        order = sorted(self.gpu, key=lambda k: (k[0] < 0, k))
+        return tuple({"rank": self.gpu[k][0], "step": self.gpu[k][1], **self.gpu[k][2].to_dict()} for k in order)
+
+    def groups(self) -> dict[tuple[int, str, str], list[RankStats]]:
+        """The ranks of every step x role x stage."""
+        groups: dict[tuple[int, str, str], list[RankStats]] = {}
+        names = self.names
+        for (step, role_key, stage_key, _, _), cell in self.cells.items():
+            groups.setdefault((step, role_key, stage_key), []).append(
+                RankStats(
+                    step=step,
+                    role=names.get(role_key, cell.role),
+                    stage=names.get(stage_key, cell.stage),
+                    rank=cell.rank,
+                    replica=cell.replica,
+                    wall_ms=cell.wall_us / US_PER_MS,
+                    basis="+".join(sorted(cell.basis)),
+                    minibatch_ms=cell.minibatch_us / US_PER_MS,
+                    mini_batches=cell.mini_batches,
+                    cpu_ms=cell.cpu_us / US_PER_MS,
+                    kernel_ms=cell.kernel_us / US_PER_MS if cell.kernels else None,
+                    kernels=cell.kernels,
+                    events=cell.events,
+                    files=tuple(cell.files),
+                    windows=tuple(sorted(cell.windows)),
+                    partial=cell.partial,
+                    worker=cell.worker,
+                    comm_ms=cell.comm_us / US_PER_MS,
+                    work_ms=None if cell.work_us is None else cell.work_us / US_PER_MS,
+                    iterations=cell.iterations,
+                )
+            )
+        return groups
+
+
+def _remember(names: dict[str, str], label: str) -> None:
+    key = label_key(label)
+    # The name as written in code ("update_actor") beats its file-name form ("update-actor").
+    if key not in names or (names[key] == key and label != key):
+        names[key] = label
+
+
+def _role(trace: TraceFile, scan: FileScan) -> str:
+    return meta_label(scan.header.get("instrument"), "role") or trace.role
