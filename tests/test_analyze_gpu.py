@@ -1,18 +1,24 @@
-"""GPU time per rank (``instrument.analyze._gpu``), checked against HolisticTraceAnalysis on real traces."""
+"""GPU time per rank (``instrument.analyze._gpu``), checked against HolisticTraceAnalysis on real traces,
+and shown in the table, the page and the picture (none of it for CPU-only traces)."""
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from instrument import cli
+from instrument.analyze import _picture as picture
 from instrument.analyze import _reader as reader
+from instrument.analyze import _render as render
 from instrument.analyze import analyze
 from instrument.analyze._gpu import GpuAccumulator, GpuRow, is_profiler_step
+from tests.test_analyze import known_run
 
 DATA = Path(__file__).parent / "data" / "hta"
 FIELDS = (
@@ -198,3 +204,69 @@ def test_files_of_one_rank_add_up(tmp_path: Path) -> None:
     assert report.ok
     (row,) = report.gpu
     assert (row["rank"], row["span_us"], row["busy_us"], row["idle_us"]) == (1, 110.0, 20.0, 90.0)
+
+
+# --------------------------------------------------------------------------- shown beside the stage rows
+
+
+@pytest.fixture(scope="module")
+def shown() -> Any:
+    return analyze(DATA / "trace_filter", jobs=1)
+
+
+def test_the_table_shows_gpu_time_per_rank_whole_trace_then_each_step(shown: Any) -> None:
+    rows = render.gpu_rows(shown)
+    assert [(r[0], r[1]) for r in rows] == [(rank, step) for step in ("all", "551", "552") for rank in ("0", "1")]
+    # rank 0, whole trace: HTA's figures above (span 1,222.8 ms, compute 210.3 ms = 17.2 %, ...)
+    assert rows[0] == ("0", "all", "1,222.8", "210.3 (17.2%)", "396.2 (32.4%)", "1.32 (0.1%)", "675.2 (55.2%)", "14.9%")
+    text = shown.render_text(width=200)
+    assert "GPU time per rank" in text and "HTA's definitions" in text
+    for row in rows:
+        assert re.search(r"[\s│]+".join(re.escape(c) for c in row), text), row
+
+
+def test_the_page_has_a_gpu_section_with_the_same_numbers(shown: Any, tmp_path: Path) -> None:
+    page = shown.write_html(tmp_path / "gpu.html").read_text(encoding="utf-8")
+    assert "<h2>GPU time per rank</h2>" in page
+    for row in render.gpu_rows(shown):
+        assert "".join(render._td(c, h) for c, h in zip(row, render.GPU_HEADERS, strict=True)) in page
+
+
+def test_the_picture_stacks_each_ranks_gpu_span(shown: Any) -> None:
+    fig = picture._figure(shown)
+    gpu_ax = next(ax for ax in fig.axes if ax.get_title().startswith("(c) GPU time per rank"))
+    whole = [g for g in shown.gpu if g["step"] is None]
+    assert len(gpu_ax.patches) == 4 * len(whole)  # compute, exposed communication, memory and other, idle
+    for i, g in enumerate(whole):
+        bars = [p for p in gpu_ax.patches if round(p.get_x() + p.get_width() / 2) == i]
+        assert sum(p.get_height() for p in bars) == pytest.approx(g["span_us"] / 1000, rel=1e-6)
+        assert bars[0].get_height() == pytest.approx(g["compute_us"] / 1000)
+        assert bars[3].get_height() == pytest.approx(g["idle_us"] / 1000)
+    assert [t.get_text() for t in gpu_ax.texts] == ["overlap 15%", "overlap 20%"]
+    assert picture.png_bytes(shown)[:4] == b"\x89PNG"
+
+
+def test_one_rank_with_steps_gets_gpu_rows_and_a_bar(tmp_path: Path) -> None:
+    report = analyze(DATA / "negative_queue", jobs=1)
+    rows = render.gpu_rows(report)
+    assert [r[1] for r in rows] == ["all", "550", "551", "552", "553", "554"]
+    fig = picture._figure(report)
+    assert "one rank" in fig.axes[0].get_title() and fig.axes[-1].get_title().startswith("(c)")
+    assert report.write_png(tmp_path / "one.png").stat().st_size > 10_000
+
+
+def test_without_rich_the_plain_table_has_the_gpu_rows_too(shown: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "rich.console", None)  # import rich.console raises ImportError
+    text = shown.render_text()
+    assert "┃" not in text  # the plain fallback
+    assert "GPU time per rank" in text
+    for row in render.gpu_rows(shown):
+        assert re.search(r"[\s│]+".join(re.escape(c) for c in row), text), row
+
+
+def test_cpu_only_sdk_traces_show_no_gpu_section(tmp_path: Path) -> None:
+    report = analyze(known_run(tmp_path / "sdk"), jobs=1)
+    assert report.ok and report.gpu == () and render.gpu_rows(report) == []
+    assert "GPU" not in report.render_text()
+    assert "GPU time per rank" not in report.write_html(tmp_path / "a.html").read_text(encoding="utf-8")
+    assert not any(ax.get_title().startswith("(c)") for ax in picture._figure(report).axes)

@@ -1,8 +1,9 @@
-"""What ``instrument analyze`` shows: words and plurals, ``-`` for what a trace does not hold, the
-clock caveat only across hosts, stable stage colours, the one-rank picture, and pictures and pages
-written whole, never through a symlink.
+"""What ``instrument analyze`` shows: words and plurals, ``-`` for what a trace does not hold, a
+straggler ratio that can be checked from its row, the clock caveat only across hosts, stable stage
+colours, the one-rank picture, and pictures and pages written whole, never through a symlink.
 
-Every trace is built with known durations (:func:`tests.test_analyze.known_run`): no clock is read.
+Traces are built with known durations (:func:`tests.test_analyze.known_run`, no clock is read) or are
+the committed real GPU traces of ``tests/data/hta``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ import pytest
 
 from instrument import cli
 from instrument.analyze import Report, analyze
+from instrument.analyze import _picture as picture
 from instrument.analyze import _render as render
 from tests.test_analyze import known_run
+from tests.test_analyze_steps import STRAGGLER, _torch_set
+
+HTA_DATA = Path(__file__).parent / "data" / "hta"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +45,7 @@ def one_host(tmp_path_factory: pytest.TempPathFactory) -> Report:
 def _row(report: Report, stage: str) -> dict[str, str]:
     rows = render.table_rows(report)
     found = next(r for r in rows if r[2].split(" [")[0] == stage)
-    return dict(zip(render.HEADERS, found, strict=True))
+    return dict(zip(render.headers(report), found, strict=True))
 
 
 # --------------------------------------------------------------------------- words
@@ -74,6 +79,81 @@ def test_several_ranks_keep_the_straggler_columns(one_host: Report) -> None:
     assert (row["ranks"], row["slowest"], row["max/med"], row["max ms"]) == ("3", "2", "6.00", "90.0")
     text = one_host.render_text()
     assert "3 ranks;" in text and "slowest: the straggler rank" in text
+
+
+# --------------------------------------------------------------------------- the ratio, checked from its row
+
+
+@pytest.fixture(scope="module")
+def real_gpu() -> Report:
+    return analyze(HTA_DATA / "trace_filter", jobs=1)
+
+
+def _f(cell: str) -> float:
+    return float(cell.replace(",", ""))
+
+
+def _check_ratios(report: Report) -> int:
+    """Every compared row's max/med, recomputed from the figures on that row; returns rows judged by work."""
+    by_work = 0
+    for row in (dict(zip(render.headers(report), r, strict=True)) for r in render.table_rows(report)):
+        if row["max/med"] == "-":
+            continue
+        if row.get("work med ms", "-") != "-":
+            top, median = _f(row["work max ms"]), _f(row["work med ms"])
+            by_work += 1
+        else:
+            top, median = _f(row["max ms"]), _f(row["median ms"])
+        # the cells are rounded to 3 significant figures: half a unit of the last digit each
+        assert top / median == pytest.approx(_f(row["max/med"]), rel=0.02, abs=0.006), row
+    return by_work
+
+
+def test_a_ratio_judged_by_work_shows_the_work_it_was_computed_from(real_gpu: Report) -> None:
+    # HTA's trace_filter, step 552 data_load: wall 3.83 / 3.85 ms on the two ranks, yet max/med 2.00:
+    # rank 1 spends its time waiting in a collective for rank 0, so the work figures must be on the row.
+    row = next(
+        dict(zip(render.headers(real_gpu), r, strict=True))
+        for r, s in zip(render.table_rows(real_gpu), real_gpu.stages, strict=True)
+        if s.step == 552 and "data_load" in s.stage
+    )
+    assert (row["median ms"], row["max ms"], row["max/med"], row["slowest"]) == ("3.83", "3.85", "2.00", "0")
+    assert (row["work med ms"], row["work max ms"]) == ("1.90", "3.81")
+    assert _check_ratios(real_gpu) > 0
+
+
+def test_every_ratio_can_be_checked_from_its_row(real_gpu: Report, one_host: Report, tmp_path: Path) -> None:
+    torch_set = analyze(_torch_set(tmp_path / "torch"), jobs=1)  # a straggler behind a barrier
+    assert _check_ratios(torch_set) > 0
+    gen = next(s for s in torch_set.stages if s.stage == "generate_sequences" and s.step == 1)
+    assert gen.straggler == str(STRAGGLER) and gen.ratio is not None
+    assert gen.max_ms / gen.median_ms < gen.ratio  # the wall figures alone could not explain the ratio
+    assert _check_ratios(one_host) == 0  # judged by wall time: no work columns at all
+    assert "work med ms" not in render.headers(one_host)
+    assert "by work" not in one_host.render_text()
+    assert "work max / work med" in real_gpu.render_text()  # the legend says which pair the ratio divides
+
+
+def test_the_page_shows_the_work_columns_and_the_same_cells(real_gpu: Report, tmp_path: Path) -> None:
+    page = real_gpu.write_html(tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "<th>work med ms</th><th>work max ms</th>" in page
+    first = render.table_rows(real_gpu)[0]
+    cells = "".join(f'<td class="n">{c}</td>' for c in first[3:])
+    assert cells in page
+
+
+def test_the_heatmap_boxes_the_rank_the_table_names(real_gpu: Report) -> None:
+    fig = picture._figure(real_gpu)
+    top = fig.axes[0]
+    assert "stage work per rank" in top.get_title()
+    rows, _, columns, _ = picture._heatmap_rows(real_gpu, judged=True)
+    boxed = {rows[round(p.get_y() + 0.5)]: columns[round(p.get_x() + 0.5)] for p in top.patches}
+    by_row = {f"step {s.step}  {s.stage}": s for s in real_gpu.stages}
+    assert boxed  # the data_load rows at least
+    for label, rank in boxed.items():
+        assert by_row[label].straggler == rank, label
+    # the wall-time heatmap would box rank 1 on step 552's data_load (3.85 vs 3.83 ms): not what the table says
+    assert boxed["step 552  ## data_load ##"] == "0"
 
 
 # --------------------------------------------------------------------------- the clock caveat
@@ -140,14 +220,14 @@ def test_the_page_shows_each_stage_in_its_picture_colour(one_host: Report, tmp_p
 
 
 def test_one_rank_draws_bars_not_a_one_column_heatmap(one_rank: Report, one_host: Report) -> None:
-    fig = render._figure(one_rank)
+    fig = picture._figure(one_rank)
     top = fig.axes[0]
     assert "one rank (rank 0)" in top.get_title()
     assert len(top.patches) == len(one_rank.stages)  # one bar a stage
     assert not top.images  # no heatmap
     assert sorted(round(p.get_width(), 3) for p in top.patches) == [8.0, 15.0, 50.0]
     assert len(fig.axes) == 2  # no colour bar for a ratio that is always 1
-    several = render._figure(one_host)
+    several = picture._figure(one_host)
     assert several.axes[0].images and "straggler" in several.axes[0].get_title()
 
 

@@ -1,40 +1,41 @@
 """Showing a :class:`~instrument.analyze.Report`: terminal table, PNG and HTML.
 
 ``rich`` and ``matplotlib`` are imported inside the functions that need them, so importing
-``instrument.analyze`` stays light; without ``rich`` the table is plain text.  The picture
-uses matplotlib's object API (``Figure`` + Agg canvas), never ``pyplot``, so it neither needs
-a display nor changes the caller's matplotlib backend.
+``instrument.analyze`` stays light; without ``rich`` the tables are plain text. The picture is
+drawn by :mod:`._picture`; the PNG and the page are written whole, never through a symlink or
+into a FIFO (:func:`~instrument.analyze._destination.write_new_file`).
 
-The PNG and the page are written to a new file beside the destination and renamed over it, never
-through a symlink or into a FIFO (:func:`write_new_file`).  A stage keeps its colour from one
-report to the next: it comes from a hash of its name (:func:`stage_colors`), not from its rank
-in the sort.
+Two tables: the stages (one row per step x role x stage, worst straggler first) and, when the
+traces hold GPU work, GPU time per rank (:func:`gpu_rows`). Every ratio in the stage table can be
+checked from figures on its row: when ranks are judged by work, the work figures are shown.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import html
 import io
-import math
 import os
-import secrets
-import stat
-import statistics
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from instrument.analyze._destination import UnsafeDestinationError, write_new_file
+from instrument.analyze._picture import png_bytes, stage_colors
+from instrument.analyze._words import ms, pct, plural, size
 
 if TYPE_CHECKING:
     from instrument.analyze._report import Report, StageStats
 
 __all__ = [
+    "GPU_HEADERS",
     "HEADERS",
     "UnsafeDestinationError",
     "clock_caveat",
+    "gpu_rows",
+    "headers",
     "hosts",
+    "plural",
     "png_bytes",
     "render_text",
     "stage_colors",
@@ -51,6 +52,8 @@ HEADERS = (
     "ranks",
     "median ms",
     "max ms",
+    "work med ms",
+    "work max ms",
     "slowest",
     "max/med",
     "mini-batch ms",
@@ -58,25 +61,12 @@ HEADERS = (
     "gpu ms",
     "events",
 )
-_NUMERIC = frozenset(HEADERS[3:8]) | frozenset(HEADERS[8:])
+"""Every column; :func:`headers` leaves out those that would hold only ``-``."""
+_WORK = ("work med ms", "work max ms")
+GPU_HEADERS = ("rank", "step", "span ms", "compute ms", "communication ms", "memory ms", "idle ms", "overlap")
+_LEFT = frozenset({"step", "role", "stage"})
 _WARN_RATIO = 1.2
 _BAD_RATIO = 1.5
-_MAX_HEATMAP_ROWS = 40
-
-
-def _ms(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
-
-
-def _size(count: int) -> str:
-    return f"{count / 1e6:,.1f} MB" if count >= 100_000 else f"{count / 1e3:,.1f} kB"  # not "0.0 MB"
-
-
-def plural(count: int, word: str, many: str | None = None) -> str:
-    """``1 rank``, ``2 ranks``, ``1,024 processes`` (``many``: an irregular plural)."""
-    return f"{count:,} {word if count == 1 else many or word + 's'}"
 
 
 def hosts(report: Report) -> frozenset[str] | None:
@@ -111,48 +101,113 @@ def _windows(stage: StageStats) -> str:
     return f" [{','.join(parts)}]" if parts else ""
 
 
+def _by_work(stage: StageStats) -> bool:
+    return stage.judged_by == "work" and len(stage.ranks) > 1
+
+
+def _has_mini_batches(report: Report) -> bool:
+    return any(r.mini_batches for s in report.stages for r in s.ranks)
+
+
+def headers(report: Report) -> tuple[str, ...]:
+    """The stage table's columns for ``report``: the work pair only when some row is judged by work, the
+    mini-batch column only when some trace holds mini-batches (a column of ``-`` only takes room)."""
+    left_out: set[str] = set()
+    if not any(_by_work(s) for s in report.stages):
+        left_out.update(_WORK)
+    if not _has_mini_batches(report):
+        left_out.add("mini-batch ms")
+    return tuple(h for h in HEADERS if h not in left_out)
+
+
 def table_rows(report: Report) -> list[tuple[str, ...]]:
-    """The table's cells as text, one row per step x role x stage, worst straggler first."""
+    """The stage table's cells as text, in the columns of :func:`headers`, worst straggler first.
+
+    ``max/med`` is ``work max ms / work med ms`` on a row judged by work, else ``max ms / median ms``:
+    the ratio can always be checked from its row.
+    """
+    columns = headers(report)
     rows: list[tuple[str, ...]] = []
     for s in report.stages:
         compared = len(s.ranks) > 1  # one rank has no straggler: "-", not "0" and "1.00"
+        by_work = _by_work(s)
+        cells = {
+            "step": str(s.step) if s.step else "-",
+            "role": s.role,
+            "stage": s.stage + _windows(s),
+            "ranks": str(len(s.ranks)),
+            "median ms": ms(s.median_ms),
+            "max ms": ms(s.max_ms),
+            "work med ms": ms(s.median_work_ms) if by_work else "-",
+            "work max ms": ms(max(r.judged_ms for r in s.ranks)) if by_work else "-",
+            "slowest": s.straggler if compared else "-",
+            "max/med": "-" if s.ratio is None or not compared else f"{s.ratio:.2f}",
+            "mini-batch ms": ms(s.minibatch_ms if any(r.mini_batches for r in s.ranks) else None),
+            "cpu op ms": ms(s.cpu_ms),
+            "gpu ms": ms(s.kernel_ms),
+            "events": f"{s.events:,.0f}",
+        }
+        rows.append(tuple(cells[c] for c in columns))
+    return rows
+
+
+def _gpu_cell(part_us: Any, span_us: float) -> str:
+    value = float(part_us or 0.0)
+    return f"{ms(value / 1000.0)} ({pct(value, span_us)})"
+
+
+def gpu_rows(report: Report) -> list[tuple[str, ...]]:
+    """The GPU table's cells (:data:`GPU_HEADERS`): the whole trace of every rank (step ``all``), then
+    each step's ranks; ms and, in brackets, % of the rank's GPU span. Empty for CPU-only traces."""
+    order = sorted(report.gpu, key=lambda g: (g["step"] is not None, g["step"] or 0, g["rank"] is None, g["rank"] or 0))
+    rows: list[tuple[str, ...]] = []
+    for g in order:
+        span = float(g["span_us"])
+        overlap = g["comm_comp_overlap_pct"]
         rows.append(
             (
-                str(s.step) if s.step else "-",
-                s.role,
-                s.stage + _windows(s),
-                str(len(s.ranks)),
-                _ms(s.median_ms),
-                _ms(s.max_ms),
-                s.straggler if compared else "-",
-                "-" if s.ratio is None or not compared else f"{s.ratio:.2f}",
-                _ms(s.minibatch_ms if any(r.mini_batches for r in s.ranks) else None),
-                _ms(s.cpu_ms),
-                _ms(s.kernel_ms),
-                f"{s.events:,.0f}",
+                "-" if g["rank"] is None else str(g["rank"]),
+                "all" if g["step"] is None else str(g["step"]),
+                ms(span / 1000.0),
+                _gpu_cell(g["compute_us"], span),
+                _gpu_cell(g["communication_us"], span),
+                _gpu_cell(g["memory_us"], span),
+                _gpu_cell(g["idle_us"], span),
+                "-" if overlap is None else f"{overlap:.1f}%",
             )
         )
     return rows
+
+
+_GPU_LEGEND = (
+    "GPU (HTA's definitions): span: first to last GPU event; compute, communication (NCCL kernels) and memory"
+    " (memcpy, memset): time each kind of GPU work runs, so they can overlap; idle: no GPU work; (%): of the span;"
+    " overlap: the share of communication time during which compute runs too."
+)
 
 
 def _summary(report: Report) -> tuple[str, list[str], list[str]]:
     """The headline, what the columns mean, and the notes (caveat, skipped files)."""
     jobs = f" with {plural(report.jobs, 'process', 'processes')}" if report.jobs > 1 else ""
     headline = (
-        f"{plural(report.files, 'trace file')}, {_size(report.bytes)}, {plural(report.events, 'event')}, "
+        f"{plural(report.files, 'trace file')}, {size(report.bytes)}, {plural(report.events, 'event')}, "
         f"{plural(len(report.steps), 'step')}, {plural(len(report.ranks), 'rank')}; "
         f"read in {report.elapsed_s:.2f} s{jobs}"
     )
     legend = ["ms: wall time of the stage range (median and max across ranks);"]
+    by_work = any(_by_work(s) for s in report.stages)
     if any(len(s.ranks) > 1 for s in report.stages):
-        legend.append("slowest: the straggler rank, max/med: its time over the median;")
-    if any(s.judged_by == "work" and len(s.ranks) > 1 for s in report.stages):
+        ratio = "work max / work med where shown, else max / median" if by_work else "max / median"
+        legend.append(f"slowest: the straggler rank, max/med: its time over the median ({ratio});")
+    if by_work:
         # a rank waiting in a barrier for a slow peer has as long a wall time as the peer: say how we judged
         legend.append(
-            "stragglers judged by work: time outside collectives (barrier, all_reduce), so the rank the others"
-            " wait for is named, not the waiters; engines by execution time, not by their profiling window;"
+            "stragglers judged by work (work med / work max ms): time outside collectives (barrier, all_reduce), so"
+            " the rank the others wait for is named, not the waiters; engines by execution time, not by their"
+            " profiling window; -: judged by wall time;"
         )
-    legend.append("mini-batch, cpu op, gpu ms and events: medians across ranks; -: none in the traces.")
+    medians = "mini-batch, cpu op, gpu ms" if _has_mini_batches(report) else "cpu op, gpu ms"
+    legend.append(f"{medians} and events: medians across ranks; -: none in the traces.")
     notes = []
     caveat = clock_caveat(report)
     if caveat:
@@ -162,29 +217,34 @@ def _summary(report: Report) -> tuple[str, list[str], list[str]]:
     return headline, legend, notes
 
 
-def _summary_lines(report: Report) -> list[str]:
-    headline, legend, notes = _summary(report)
-    return [headline, *legend, *notes]
-
-
 def render_text(report: Report, *, width: int | None = None, color: bool = False) -> str:
-    """The table with a short summary under it."""
+    """The stage table with a short summary under it, then the GPU table when there is GPU work."""
+    columns = headers(report)
     rows = table_rows(report)
+    headline, legend, notes = _summary(report)
+    gpu = gpu_rows(report)
     try:
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
     except ImportError:
-        return _plain(rows, _summary_lines(report))
+        text = _plain(columns, rows, [headline, *legend])
+        if gpu:
+            text += "\n\nGPU time per rank\n" + _plain(GPU_HEADERS, gpu, [_GPU_LEGEND])
+        return "\n".join([text, *notes])
     table = Table(title=f"instrument analyze: {report.directory}", title_justify="left", header_style="bold")
-    for header in HEADERS:
-        table.add_column(header, justify="right" if header in _NUMERIC else "left", overflow="fold")
+    # Labels up to 32 characters stay on one line and the numbers' headers wrap instead ("work med" over
+    # "ms" reads better than a stage name cut in three); a longer label folds.
+    longest = {h: max((len(r[i]) for r in rows), default=0) for i, h in enumerate(columns)}
+    for header in columns:
+        whole = header in ("role", "stage") and longest[header] <= 32
+        table.add_column(header, justify="left" if header in _LEFT else "right", overflow="fold", no_wrap=whole)
     for row, stage in zip(rows, report.stages, strict=True):
         ratio = stage.ratio or 0.0
         style = "bold red" if ratio >= _BAD_RATIO else "yellow" if ratio >= _WARN_RATIO else None
         table.add_row(*(Text(cell) for cell in row), style=style)  # Text: "[mb2-3]" is no markup
     if not rows:
-        table.add_row("-", "no trace found", *([""] * (len(HEADERS) - 2)))
+        table.add_row("-", "no trace found", *([""] * (len(columns) - 2)))
     buffer = io.StringIO()
     console = Console(
         file=buffer,
@@ -195,255 +255,33 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
         highlight=False,
     )
     console.print(table)
-    for line in _summary_lines(report):
+    for line in (headline, *legend):
+        console.print(line, markup=False)
+    if gpu:
+        small = Table(title="GPU time per rank", title_justify="left", header_style="bold")
+        for header in GPU_HEADERS:
+            small.add_column(header, justify="left" if header == "step" else "right")
+        for row in gpu:
+            small.add_row(*(Text(cell) for cell in row))
+        console.print()
+        console.print(small)
+        console.print(_GPU_LEGEND, markup=False)
+    for line in notes:
         console.print(line, markup=False)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
 
 
-def _plain(rows: Sequence[tuple[str, ...]], footer: list[str]) -> str:
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(HEADERS)]
+def _plain(columns: Sequence[str], rows: Sequence[tuple[str, ...]], footer: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(columns)]
 
     def line(cells: Sequence[str]) -> str:
         return "  ".join(
-            c.rjust(w) if h in _NUMERIC else c.ljust(w) for c, w, h in zip(cells, widths, HEADERS, strict=True)
+            c.ljust(w) if h in _LEFT else c.rjust(w) for c, w, h in zip(cells, widths, columns, strict=True)
         ).rstrip()
 
-    out = [line(HEADERS), line(["-" * w for w in widths])]
+    out = [line(columns), line(["-" * w for w in widths])]
     out.extend(line(r) for r in rows)
     return "\n".join(out + footer)
-
-
-# --------------------------------------------------------------------------- picture
-
-# Sixteen colours that stay apart side by side: ten strong hues, then six light ones (no two browns).
-_PALETTE = (
-    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#f7b6d2", "#9edae5",
-)  # fmt: skip
-
-
-def _key(label: str) -> str:
-    """How file names write a label: ``update_actor`` and ``update-actor`` get one colour."""
-    from instrument import naming
-
-    try:
-        return naming.sanitize_label(label)
-    except (TypeError, ValueError):
-        return label
-
-
-def stage_colors(series: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
-    """A colour per (role, stage): the palette entry the stage's name hashes to (crc32 of its label key,
-    so the same in every process and every report). Of two series of one report that hash alike, the
-    later by name takes the next free entry; past sixteen stages colours repeat."""
-    colors: dict[tuple[str, str], str] = {}
-    taken: set[int] = set()
-    size = len(_PALETTE)
-    for role, stage in sorted(set(series), key=lambda k: (_key(k[1]), _key(k[0]), k)):
-        start = zlib.crc32(_key(stage).encode("utf-8")) % size
-        slot = next(((start + i) % size for i in range(size) if (start + i) % size not in taken), start)
-        taken.add(slot)
-        colors[(role, stage)] = _PALETTE[slot]
-    return colors
-
-
-def _series_name(role: str, stage: str, roles: int) -> str:
-    return stage if roles == 1 else f"{role}: {stage}"  # one role: naming it on every row says nothing
-
-
-def _heatmap_rows(report: Report) -> tuple[list[str], list[tuple[str, str]], list[str], list[list[float]]]:
-    """Row labels, each row's (role, stage), column labels (ranks) and wall ms (NaN where a rank has no trace)."""
-    labels: dict[tuple[int, str], str] = {}
-    for stage in report.stages:
-        for r in stage.ranks:
-            labels[(0, f"{r.rank:09d}") if r.rank is not None else (1, f"{r.replica or 0:09d}")] = r.label
-    columns = [labels[k] for k in sorted(labels)]
-    index = {label: i for i, label in enumerate(columns)}
-    ordered = sorted(report.stages, key=lambda s: (s.step, s.role, s.stage))
-    roles = len(report.roles)
-    rows: list[str] = []
-    keys: list[tuple[str, str]] = []
-    values: list[list[float]] = []
-    if len(ordered) <= _MAX_HEATMAP_ROWS:
-        for stage in ordered:
-            row = [math.nan] * len(columns)
-            for r in stage.ranks:
-                row[index[r.label]] = r.wall_ms
-            rows.append(f"step {stage.step}  {_series_name(stage.role, stage.stage, roles)}")
-            keys.append((stage.role, stage.stage))
-            values.append(row)
-        return rows, keys, columns, values
-    # Too many steps for a row each: the mean over steps per role x stage.
-    sums: dict[tuple[str, str], list[list[float]]] = {}
-    for stage in ordered:
-        acc = sums.setdefault((stage.role, stage.stage), [[] for _ in columns])
-        for r in stage.ranks:
-            acc[index[r.label]].append(r.wall_ms)
-    for (role, name), acc in sorted(sums.items()):
-        rows.append(f"{_series_name(role, name, roles)} (mean of steps)")
-        keys.append((role, name))
-        values.append([statistics.fmean(v) if v else math.nan for v in acc])
-    return rows, keys, columns, values
-
-
-def _figure(report: Report) -> Any:
-    from matplotlib.figure import Figure
-
-    rows, keys, columns, values = _heatmap_rows(report)
-    colors = stage_colors((s.role, s.stage) for s in report.stages)
-    height_a = 1.2 + 0.32 * max(len(rows), 1)
-    fig = Figure(figsize=(max(10.0, 3.5 + 0.7 * len(columns)), height_a + 4.4), dpi=110, layout="constrained")
-    grid = fig.add_gridspec(2, 1, height_ratios=[height_a, 4.0])
-    fig.suptitle(f"instrument analyze: {report.directory}", fontsize=11)
-    top = fig.add_subplot(grid[0])
-    if len(columns) == 1:
-        _draw_one_rank(top, rows, [colors[k] for k in keys], columns[0], [row[0] for row in values])
-    else:
-        _draw_heatmap(fig, top, rows, columns, values)
-    _draw_breakdown(fig.add_subplot(grid[1]), report, colors)
-    return fig
-
-
-def _rank_label(column: str) -> str:
-    return f"rank {column}" if column.isdigit() else column
-
-
-def _draw_one_rank(ax: Any, rows: list[str], colors: list[str], column: str, values: list[float]) -> None:
-    """(a) for one rank: no straggler to find, so each stage's time as a bar in the stage's colour
-    (a heatmap of one column would be one flat colour)."""
-    widths = [0.0 if math.isnan(v) else v for v in values]
-    positions = range(len(rows))
-    ax.barh(positions, widths, color=colors, height=0.7)
-    ax.set_yticks(positions, rows, fontsize=8)
-    ax.invert_yaxis()  # first step at the top, as in the table's reading order
-    right = max(widths, default=0.0) or 1.0
-    for i, width in enumerate(widths):
-        ax.text(width + right * 0.01, i, _ms(width), va="center", fontsize=7)
-    ax.set_xlim(0, right * 1.12)  # room for the last label
-    ax.set_xlabel("ms", fontsize=8)
-    ax.grid(axis="x", alpha=0.3)
-    ax.set_title(f"(a) stage wall time, ms: one rank ({_rank_label(column)}), so no straggler to compare", fontsize=10)
-
-
-def _draw_heatmap(fig: Any, ax: Any, rows: list[str], columns: list[str], values: list[list[float]]) -> None:
-    """(a) stage time per rank, coloured by time / median of the row's ranks; the straggler boxed."""
-    from matplotlib.colors import TwoSlopeNorm
-    from matplotlib.patches import Rectangle
-
-    if not rows or not columns:
-        ax.text(0.5, 0.5, "no traces", ha="center", va="center")
-        ax.set_axis_off()
-        return
-    ratios = []
-    for row in values:
-        present = [v for v in row if not math.isnan(v)]
-        med = statistics.median(present) if present else math.nan
-        ratios.append([v / med if med and not math.isnan(v) else math.nan for v in row])
-    top = max([r for row in ratios for r in row if not math.isnan(r)] + [1.5])
-    norm = TwoSlopeNorm(vmin=min(0.5, 1 / top), vcenter=1.0, vmax=top)  # 3x slower and 3x faster: the same shade
-    image = ax.imshow(ratios, aspect="auto", cmap="RdYlGn_r", norm=norm, interpolation="nearest")
-    ax.set_xticks(range(len(columns)), [_rank_label(c) for c in columns], fontsize=8)
-    ax.set_yticks(range(len(rows)), rows, fontsize=8)
-    annotate = len(rows) * len(columns) <= 600
-    for i, row in enumerate(values):
-        finite = [v for v in row if not math.isnan(v)]
-        for j, value in enumerate(row):
-            if annotate and not math.isnan(value):
-                dark = not 0.2 <= norm(ratios[i][j]) <= 0.8  # the ends of the colour map are dark
-                ax.text(j, i, _ms(value), ha="center", va="center", fontsize=7, color="white" if dark else "black")
-        if len(finite) > 1:
-            slowest = row.index(max(finite))
-            if ratios[i][slowest] >= 1.1:
-                ax.add_patch(Rectangle((slowest - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
-    bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
-    bar.set_label("time / median of ranks", fontsize=8)
-    ax.set_title("(a) stage wall time per rank, ms (boxed: the straggler, >= 1.1x the median)", fontsize=10)
-
-
-def _draw_breakdown(ax: Any, report: Report, colors: dict[tuple[str, str], str]) -> None:
-    """(b) per step, the stages' times stacked (each stage's slowest rank), each stage in its own colour."""
-    steps = sorted({s.step for s in report.stages})
-    series: dict[tuple[str, str], dict[int, float]] = {}
-    for stage in report.stages:
-        series.setdefault((stage.role, stage.stage), {})[stage.step] = stage.max_ms
-    order = sorted(series, key=lambda k: (-sum(series[k].values()), k))
-    roles = len(report.roles)
-    bottoms = [0.0] * len(steps)
-    positions = list(range(len(steps)))
-    for key in order:
-        heights = [series[key].get(step, 0.0) for step in steps]
-        name = _series_name(*key, roles)
-        ax.bar(positions, heights, bottom=bottoms, label=name, color=colors[key], edgecolor="white", linewidth=0.5)
-        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    ax.set_xticks(positions, [f"step {s}" if s else "step ?" for s in steps])
-    ax.set_ylabel("ms" if len(report.ranks) <= 1 else "ms (slowest rank of each stage)")
-    ax.set_title("(b) per-step breakdown: stage wall time, stacked", fontsize=10)
-    if order:
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(3, len(order)), frameon=False)
-    ax.grid(axis="y", alpha=0.3)
-
-
-def png_bytes(report: Report) -> bytes:
-    """The picture as PNG bytes."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    fig = _figure(report)
-    FigureCanvasAgg(fig)
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    return buffer.getvalue()
-
-
-class UnsafeDestinationError(OSError):
-    """The destination is a symlink, a directory, a FIFO or another special file: nothing was written."""
-
-
-_TEMP_ATTEMPTS = 100
-
-
-def _check_destination(target: Path) -> None:
-    try:
-        mode = os.lstat(target).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISREG(mode):
-        return
-    kinds = ((stat.S_ISLNK, "a symlink"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"))
-    kind = next((words for test, words in kinds if test(mode)), "a special file")
-    raise UnsafeDestinationError(f"{target} is {kind}, not a regular file: refusing to write there")
-
-
-def write_new_file(path: str | os.PathLike[str], data: bytes) -> Path:
-    """Write ``data`` to ``path`` whole or not at all, never through a symlink.
-
-    The bytes go to a new file beside ``path`` (created exclusively, not following links), which is
-    renamed over ``path``; an existing regular file is replaced, a symlink or a non-regular file is
-    refused with :class:`UnsafeDestinationError` (an ``OSError``). A reader never sees half a file.
-    """
-    target = Path(path)
-    _check_destination(target)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-    for _ in range(_TEMP_ATTEMPTS):
-        temp = target.with_name(f".{target.name[:200]}.{secrets.token_hex(6)}.tmp")
-        try:
-            fd = os.open(temp, flags, 0o666)
-        except FileExistsError:
-            continue
-        break
-    else:  # pragma: no cover - 100 random names taken
-        raise FileExistsError(f"no free temporary name beside {target}")
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-        # Checked again: a link planted while we wrote is refused (rename would replace the link, not
-        # follow it, but the user asked for that path and should hear about it).
-        _check_destination(target)
-        os.replace(temp, target)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(temp)
-        raise
-    return target
 
 
 def write_png(report: Report, path: str | os.PathLike[str]) -> Path:
@@ -465,19 +303,39 @@ code { background: #f3f3f3; padding: 0 3px; }
 """
 
 
+def _td(cell: str, header: str) -> str:
+    return f"<td>{html.escape(cell)}</td>" if header in _LEFT else f'<td class="n">{html.escape(cell)}</td>'
+
+
+def _gpu_section(report: Report) -> str:
+    """The page's GPU table (the terminal's numbers), or nothing for CPU-only traces."""
+    rows = gpu_rows(report)
+    if not rows:
+        return ""
+    esc = html.escape
+    head = "".join(f"<th>{esc(h)}</th>" for h in GPU_HEADERS)
+    body = "".join("<tr>" + "".join(_td(c, h) for c, h in zip(r, GPU_HEADERS, strict=True)) + "</tr>" for r in rows)
+    return (
+        f'<h2>GPU time per rank</h2>\n<table class="gpu"><thead><tr>{head}</tr></thead><tbody>\n{body}\n'
+        f'</tbody></table>\n<p class="note">{esc(_GPU_LEGEND)}</p>\n'
+    )
+
+
 def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
-    """Write one self-contained page: summary, table, skipped files and the picture inline (:func:`write_new_file`)."""
+    """Write one self-contained page: summary, the tables, skipped files and the picture inline
+    (:func:`write_new_file`)."""
     esc = html.escape
     picture = base64.b64encode(png_bytes(report)).decode("ascii")
     colors = stage_colors((s.role, s.stage) for s in report.stages)
-    head = "".join(f"<th>{esc(h)}</th>" for h in HEADERS)
+    columns = headers(report)
+    head = "".join(f"<th>{esc(h)}</th>" for h in columns)
     body = []
     for row, stage in zip(table_rows(report), report.stages, strict=True):
         ratio = (stage.ratio or 0.0) if len(stage.ranks) > 1 else 0.0
         css = ' class="bad"' if ratio >= _BAD_RATIO else ' class="warn"' if ratio >= _WARN_RATIO else ""
         cells = []
-        for cell, header in zip(row, HEADERS, strict=True):
-            if header in _NUMERIC:
+        for cell, header in zip(row, columns, strict=True):
+            if header not in _LEFT:
                 cells.append(f'<td class="n">{esc(cell)}</td>')
             elif header == "stage":  # the stage's colour in the picture
                 swatch = f'<span class="sw" style="background:{colors[(stage.role, stage.stage)]}"></span>'
@@ -486,6 +344,7 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
                 cells.append(f"<td>{esc(cell)}</td>")
         body.append(f"<tr{css}>{''.join(cells)}</tr>")
     skipped = "".join(f"<li><code>{esc(s.path)}</code>: {esc(s.reason)}</li>" for s in report.skipped)
+    alt = "stage time per rank, per-step breakdown" + (" and GPU time per rank" if report.gpu else "")
     headline, legend, notes = _summary(report)
     summary = "".join(f'<p class="note">{esc(line)}</p>' for line in (headline, " ".join(legend), *notes))
     page = f"""<!DOCTYPE html>
@@ -499,9 +358,9 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
 <table><thead><tr>{head}</tr></thead><tbody>
 {"".join(body)}
 </tbody></table>
-{f"<h2>Skipped files</h2><ul>{skipped}</ul>" if skipped else ""}
+{_gpu_section(report)}{f"<h2>Skipped files</h2><ul>{skipped}</ul>" if skipped else ""}
 <h2>Picture</h2>
-<img src="data:image/png;base64,{picture}" alt="stage time per rank and per-step breakdown">
+<img src="data:image/png;base64,{picture}" alt="{alt}">
 </body></html>
 """
     return write_new_file(path, page.encode("utf-8"))

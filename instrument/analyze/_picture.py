@@ -1,0 +1,260 @@
+"""The picture of a :class:`~instrument.analyze.Report`: (a) stage time per rank, (b) the per-step
+breakdown of stages, (c) when the traces hold GPU work, GPU time per rank.
+
+matplotlib's object API (``Figure`` + Agg canvas), never ``pyplot``: no display needed and the caller's
+backend untouched; matplotlib is imported only when a picture is drawn. A stage keeps its colour from
+one report to the next: it comes from a hash of its name (:func:`stage_colors`), not from its place in
+the sort.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import statistics
+import zlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from instrument.analyze._words import ms
+
+if TYPE_CHECKING:
+    from instrument.analyze._report import Report
+
+__all__ = ["png_bytes", "stage_colors"]
+
+_MAX_HEATMAP_ROWS = 40
+
+_PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#f7b6d2", "#9edae5",
+)  # fmt: skip
+
+
+def _key(label: str) -> str:
+    """How file names write a label: ``update_actor`` and ``update-actor`` get one colour."""
+    from instrument import naming
+
+    try:
+        return naming.sanitize_label(label)
+    except (TypeError, ValueError):
+        return label
+
+
+def stage_colors(series: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
+    """A colour per (role, stage): the palette entry the stage's name hashes to (crc32 of its label key,
+    so the same in every process and every report). Of two series of one report that hash alike, the
+    later by name takes the next free entry; past sixteen stages colours repeat."""
+    colors: dict[tuple[str, str], str] = {}
+    taken: set[int] = set()
+    size = len(_PALETTE)
+    for role, stage in sorted(set(series), key=lambda k: (_key(k[1]), _key(k[0]), k)):
+        start = zlib.crc32(_key(stage).encode("utf-8")) % size
+        slot = next(((start + i) % size for i in range(size) if (start + i) % size not in taken), start)
+        taken.add(slot)
+        colors[(role, stage)] = _PALETTE[slot]
+    return colors
+
+
+def _series_name(role: str, stage: str, roles: int) -> str:
+    return stage if roles == 1 else f"{role}: {stage}"  # one role: naming it on every row says nothing
+
+
+def _heatmap_rows(
+    report: Report, judged: bool = False
+) -> tuple[list[str], list[tuple[str, str]], list[str], list[list[float]]]:
+    """Row labels, each row's (role, stage), column labels (ranks) and ms (NaN where a rank has no trace):
+    wall time, or with ``judged`` what the table judges stragglers by (work where the row has it)."""
+    labels: dict[tuple[int, str], str] = {}
+    for stage in report.stages:
+        for r in stage.ranks:
+            labels[(0, f"{r.rank:09d}") if r.rank is not None else (1, f"{r.replica or 0:09d}")] = r.label
+    columns = [labels[k] for k in sorted(labels)]
+    index = {label: i for i, label in enumerate(columns)}
+    ordered = sorted(report.stages, key=lambda s: (s.step, s.role, s.stage))
+    roles = len(report.roles)
+    rows: list[str] = []
+    keys: list[tuple[str, str]] = []
+    values: list[list[float]] = []
+    if len(ordered) <= _MAX_HEATMAP_ROWS:
+        for stage in ordered:
+            row = [math.nan] * len(columns)
+            for r in stage.ranks:
+                row[index[r.label]] = r.judged_ms if judged else r.wall_ms
+            rows.append(f"step {stage.step}  {_series_name(stage.role, stage.stage, roles)}")
+            keys.append((stage.role, stage.stage))
+            values.append(row)
+        return rows, keys, columns, values
+    # Too many steps for a row each: the mean over steps per role x stage.
+    sums: dict[tuple[str, str], list[list[float]]] = {}
+    for stage in ordered:
+        acc = sums.setdefault((stage.role, stage.stage), [[] for _ in columns])
+        for r in stage.ranks:
+            acc[index[r.label]].append(r.judged_ms if judged else r.wall_ms)
+    for (role, name), acc in sorted(sums.items()):
+        rows.append(f"{_series_name(role, name, roles)} (mean of steps)")
+        keys.append((role, name))
+        values.append([statistics.fmean(v) if v else math.nan for v in acc])
+    return rows, keys, columns, values
+
+
+def _figure(report: Report) -> Any:
+    from matplotlib.figure import Figure
+
+    # The heatmap shows what the table's straggler is judged by, so the boxed rank is the one it names.
+    judged = any(s.judged_by == "work" and len(s.ranks) > 1 for s in report.stages)
+    rows, keys, columns, values = _heatmap_rows(report, judged)
+    colors = stage_colors((s.role, s.stage) for s in report.stages)
+    gpu = [g for g in report.gpu if g["step"] is None]  # whole traces: one bar a rank
+    height_a = 1.2 + 0.32 * max(len(rows), 1)
+    heights = [height_a, 4.0, 3.6] if gpu else [height_a, 4.0]
+    width = max(10.0, 3.5 + 0.7 * max(len(columns), len(gpu)))
+    fig = Figure(figsize=(width, sum(heights) + 0.4), dpi=110, layout="constrained")
+    grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
+    fig.suptitle(f"instrument analyze: {report.directory}", fontsize=11)
+    top = fig.add_subplot(grid[0])
+    if len(columns) == 1:
+        _draw_one_rank(top, rows, [colors[k] for k in keys], columns[0], [row[0] for row in values])
+    else:
+        _draw_heatmap(fig, top, rows, columns, values, judged)
+    _draw_breakdown(fig.add_subplot(grid[1]), report, colors)
+    if gpu:
+        _draw_gpu(fig.add_subplot(grid[2]), gpu)
+    return fig
+
+
+def _rank_label(column: str) -> str:
+    return f"rank {column}" if column.isdigit() else column
+
+
+def _draw_one_rank(ax: Any, rows: list[str], colors: list[str], column: str, values: list[float]) -> None:
+    """(a) for one rank: no straggler to find, so each stage's time as a bar in the stage's colour
+    (a heatmap of one column would be one flat colour)."""
+    widths = [0.0 if math.isnan(v) else v for v in values]
+    positions = range(len(rows))
+    ax.barh(positions, widths, color=colors, height=0.7)
+    ax.set_yticks(positions, rows, fontsize=8)
+    ax.invert_yaxis()  # first step at the top, as in the table's reading order
+    right = max(widths, default=0.0) or 1.0
+    for i, width in enumerate(widths):
+        ax.text(width + right * 0.01, i, ms(width), va="center", fontsize=7)
+    ax.set_xlim(0, right * 1.12)  # room for the last label
+    ax.set_xlabel("ms", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"(a) stage wall time, ms: one rank ({_rank_label(column)}), so no straggler to compare", fontsize=10)
+
+
+def _draw_heatmap(
+    fig: Any, ax: Any, rows: list[str], columns: list[str], values: list[list[float]], judged: bool = False
+) -> None:
+    """(a) stage time per rank, coloured by time / median of the row's ranks; the straggler boxed."""
+    from matplotlib.colors import TwoSlopeNorm
+    from matplotlib.patches import Rectangle
+
+    if not rows or not columns:
+        ax.text(0.5, 0.5, "no traces", ha="center", va="center")
+        ax.set_axis_off()
+        return
+    ratios = []
+    for row in values:
+        present = [v for v in row if not math.isnan(v)]
+        med = statistics.median(present) if present else math.nan
+        ratios.append([v / med if med and not math.isnan(v) else math.nan for v in row])
+    top = max([r for row in ratios for r in row if not math.isnan(r)] + [1.5])
+    norm = TwoSlopeNorm(vmin=min(0.5, 1 / top), vcenter=1.0, vmax=top)  # 3x slower and 3x faster: the same shade
+    image = ax.imshow(ratios, aspect="auto", cmap="RdYlGn_r", norm=norm, interpolation="nearest")
+    ax.set_xticks(range(len(columns)), [_rank_label(c) for c in columns], fontsize=8)
+    ax.set_yticks(range(len(rows)), rows, fontsize=8)
+    annotate = len(rows) * len(columns) <= 600
+    for i, row in enumerate(values):
+        finite = [v for v in row if not math.isnan(v)]
+        for j, value in enumerate(row):
+            if annotate and not math.isnan(value):
+                dark = not 0.2 <= norm(ratios[i][j]) <= 0.8  # the ends of the colour map are dark
+                ax.text(j, i, ms(value), ha="center", va="center", fontsize=7, color="white" if dark else "black")
+        if len(finite) > 1:
+            slowest = row.index(max(finite))
+            if ratios[i][slowest] >= 1.1:
+                ax.add_patch(Rectangle((slowest - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
+    bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
+    bar.set_label("time / median of ranks", fontsize=8)
+    what = "work" if judged else "wall time"
+    how = "\nwork: time outside collectives (engines: execution time), as the table judges stragglers" if judged else ""
+    ax.set_title(f"(a) stage {what} per rank, ms (boxed: the straggler, >= 1.1x the median){how}", fontsize=10)
+
+
+def _draw_breakdown(ax: Any, report: Report, colors: dict[tuple[str, str], str]) -> None:
+    """(b) per step, the stages' times stacked (each stage's slowest rank), each stage in its own colour."""
+    steps = sorted({s.step for s in report.stages})
+    series: dict[tuple[str, str], dict[int, float]] = {}
+    for stage in report.stages:
+        series.setdefault((stage.role, stage.stage), {})[stage.step] = stage.max_ms
+    order = sorted(series, key=lambda k: (-sum(series[k].values()), k))
+    roles = len(report.roles)
+    bottoms = [0.0] * len(steps)
+    positions = list(range(len(steps)))
+    for key in order:
+        heights = [series[key].get(step, 0.0) for step in steps]
+        name = _series_name(*key, roles)
+        ax.bar(positions, heights, bottom=bottoms, label=name, color=colors[key], edgecolor="white", linewidth=0.5)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    ax.set_xticks(positions, [f"step {s}" if s else "step ?" for s in steps])
+    ax.set_ylabel("ms" if len(report.ranks) <= 1 else "ms (slowest rank of each stage)")
+    ax.set_title("(b) per-step breakdown: stage wall time, stacked", fontsize=10)
+    if order:
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(3, len(order)), frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def png_bytes(report: Report) -> bytes:
+    """The picture as PNG bytes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = _figure(report)
+    FigureCanvasAgg(fig)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+# (c): compute, exposed communication, the rest of the busy time and idle add up to the span exactly.
+_GPU_PARTS = (
+    ("compute", "#4c72b0"),
+    ("communication not under compute", "#dd8452"),
+    ("memory and other", "#8172b3"),
+    ("idle", "#d0d0d0"),
+)
+
+
+def gpu_parts(row: dict[str, Any]) -> list[float]:
+    """A ``gpu`` row cut into disjoint ms that stack to its span: compute; communication while no compute
+    runs; the rest of the busy time (memory copies and sets, other kernels); idle."""
+    compute = float(row["compute_us"])
+    comm = float(row["communication_us"])
+    overlap = comm * float(row["comm_comp_overlap_pct"] or 0.0) / 100.0
+    exposed = max(0.0, comm - overlap)
+    rest = max(0.0, float(row["non_compute_us"]) - exposed)  # non_compute = busy - compute >= exposed comm
+    return [v / 1000.0 for v in (compute, exposed, rest, float(row["idle_us"]))]
+
+
+def _draw_gpu(ax: Any, rows: list[dict[str, Any]]) -> None:
+    """(c) GPU time per rank over the whole trace, stacked; the comm/compute overlap written on top."""
+    labels = ["?" if g["rank"] is None else f"rank {g['rank']}" for g in rows]
+    parts = [gpu_parts(g) for g in rows]
+    positions = list(range(len(rows)))
+    bottoms = [0.0] * len(rows)
+    for k, (name, color) in enumerate(_GPU_PARTS):
+        heights = [p[k] for p in parts]
+        ax.bar(positions, heights, bottom=bottoms, label=name, color=color, edgecolor="white", linewidth=0.5)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    top = max(bottoms, default=0.0) or 1.0
+    for i, g in enumerate(rows):
+        overlap = g["comm_comp_overlap_pct"]
+        note = "no comm" if overlap is None else f"overlap {overlap:.0f}%"
+        ax.text(i, bottoms[i] + top * 0.01, note, ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, top * 1.1)  # room for the overlap labels
+    ax.set_xticks(positions, labels, fontsize=8)
+    ax.set_ylabel("ms (GPU span)")
+    ax.set_title("(c) GPU time per rank, whole trace (overlap: communication also running compute)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
