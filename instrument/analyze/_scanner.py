@@ -26,6 +26,7 @@ from instrument.analyze._steps import (
     length,
     overlap,
     pick_stages,
+    step_tokens,
     union,
 )
 
@@ -67,7 +68,8 @@ class Scanner:
         self.mini: list[tuple[float, float]] = []
         self.steps: list[tuple[int, float, float]] = []  # ProfilerStep#N: (N, start, end)
         self.comm: list[tuple[float, float]] = []  # inside collectives, every thread and stream
-        self.execs: list[tuple[float, float]] = []  # an engine's execution ranges
+        self.execs: list[tuple[float, float, int]] = []  # an engine's execution ranges: start, end, tokens (-1: unsaid)
+        self.exec_tokens: dict[str, int] = {}  # tokens by range name (vLLM repeats a few names many times)
         self.kernel_us = 0.0
         self.kernels = 0
         self.events = 0
@@ -140,7 +142,7 @@ class Scanner:
                 elif kind == 4:
                     self.comm.append((ts, end))
                 elif kind == 5:
-                    self.execs.append((ts, end))
+                    self._execution(str(name), ts, end)
                 if cat == "cpu_op":
                     key = (ev.get("pid"), ev.get("tid"))
                     ranges = cpu.get(key)
@@ -163,6 +165,13 @@ class Scanner:
                     self.markers.append((str(name), ts, end, ev.get("pid"), ev.get("tid"), cat))
             elif cat in _GPU_OTHER:
                 self.gpu.add(ev, cat, ts, end)
+            elif cat == "python_function" and self.engine:  # with stacks: SGLang's batches, vLLM's execute_model
+                name = ev.get("name")
+                kind = kinds.get(name)
+                if kind is None:
+                    kind = self._kind(str(name))
+                if kind == 5:
+                    self._execution(str(name), ts, end)
         self.events += count
         self.first, self.last = first, last
         self.kernel_us, self.kernels = kernel_us, kernels
@@ -201,9 +210,9 @@ class Scanner:
         comm = union(self.comm)
         comm_us = sum(overlap(*comm, lo, hi) for lo, hi in zip(starts, ends, strict=True))
         work_us: float | None = wall - comm_us if comm_us else None
-        iterations = 0
+        iterations = tokens = 0
         if self.engine and basis == "span":
-            work_us, iterations = self._engine_work(cpu_us)
+            work_us, iterations, tokens = self._engine_work(cpu_us)
         return Segment(
             stage=self.stage,
             wall_us=wall,
@@ -217,29 +226,43 @@ class Scanner:
             comm_us=comm_us,
             work_us=work_us,
             iterations=iterations,
+            tokens=tokens,
         )
 
-    def _engine_work(self, cpu_us: float) -> tuple[float, int]:
+    def _execution(self, name: str, start: float, end: float) -> None:
+        tokens = self.exec_tokens.get(name)
+        if tokens is None:
+            said = step_tokens(name)
+            tokens = self.exec_tokens[name] = -1 if said is None else said
+        self.execs.append((start, end, tokens))
+
+    def _engine_work(self, cpu_us: float) -> tuple[float, int, int]:
         """An engine's work, not its profiling window: the union of its execution ranges (and how many
-        outermost ones: iterations), else of its kernels, else of its cpu ops on every thread."""
+        outermost ones: iterations; the tokens their names say), else of its kernels, else of its cpu
+        ops on every thread. A replica that ran nothing has none of them: its work is 0, it is idle."""
         if self.execs:
-            starts, ends = union(self.execs)
+            # vLLM's step annotations, when there are any, say the most (a Python execute_model around each
+            # one adds nothing); a step that scheduled no token skips the model (its range is ~0.3 ms of
+            # bookkeeping): not an iteration, not work, so an engine that only did such steps is idle.
+            said = [r for r in self.execs if r[2] >= 0]
+            ran = [(s, e) for s, e, tokens in said or self.execs if tokens != 0]
             outermost = 0
             reach = float("-inf")
-            for start, end in sorted(self.execs, key=lambda r: (r[0], -r[1])):
+            for start, end in sorted(ran, key=lambda r: (r[0], -r[1])):
                 if start >= reach:
                     outermost += 1
                 reach = max(reach, end)
-            return length(starts, ends), outermost
+            tokens_said = sum(tokens for _, _, tokens in said)  # vLLM's step ranges never nest
+            return length(*union(ran)), outermost, tokens_said
         if self.kernel_ts:
             kernel_ends = map(operator.add, self.kernel_ts, self.kernel_dur)
-            return length(*union(zip(self.kernel_ts, kernel_ends, strict=True))), 0
+            return length(*union(zip(self.kernel_ts, kernel_ends, strict=True))), 0, 0
         if not cpu_us:
-            return 0.0, 0
+            return 0.0, 0, 0
         everywhere: list[tuple[float, float]] = []
         for ranges in self.cpu.values():
             everywhere.extend(zip(*ranges.merged(), strict=True))
-        return length(*union(everywhere)), 0
+        return length(*union(everywhere)), 0, 0
 
     def _measure(self, picked: list[Picked], basis: str) -> list[Segment]:
         cpu_merged = [ranges.merged() for ranges in self.cpu.values()]

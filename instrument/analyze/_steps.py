@@ -36,13 +36,32 @@ __all__ = [
     "length",
     "overlap",
     "pick_stages",
+    "step_tokens",
     "union",
 ]
 
 COLLECTIVE = re.compile(r"c10d::|nccl|gloo:|mpi:|ucc:|record_param_comms")
 """Event names (matched at the start) of time spent inside a collective: host ops and NCCL kernels."""
-EXECUTE = re.compile(r".*(?:execute_model|model_runner|model_executor|forward_batch|run_batch|engine_?step)", re.I)
-"""Ranges of an inference engine's work (vLLM's model runner, SGLang's batches): one per iteration."""
+EXECUTE = re.compile(
+    r"execute_(?:\d+_)?context_\d+\(|(?:.*\): )?(?:execute_model|run_batch|forward_batch_generation)\Z"
+)
+"""Ranges of an inference engine's work, one per iteration, as seen in real traces: vLLM's worker annotates
+each step ``execute_context_{n}({tokens})_generation_{m}({tokens})`` (``execute_{tokens}_context_…(sq{t}…)``
+with ``detailed_trace_annotation``); with Python stacks, ``path(line): execute_model`` (vLLM's worker) and
+``run_batch`` / ``forward_batch_generation`` (SGLang's scheduler and worker, which annotate nothing)."""
+
+_STEP_TOKENS = re.compile(r"execute_(?:(\d+)_)?context_\d+\((?:sq)?(\d+)[^)]*\)_generation_\d+\((?:sq)?(\d+)")
+
+
+def step_tokens(name: str) -> int | None:
+    """Tokens a vLLM step scheduled (prefill + decode), read from its annotation; ``None``: not said."""
+    match = _STEP_TOKENS.match(name)
+    if match is None:
+        return None
+    if match[1] is not None:
+        return int(match[1])
+    return int(match[2]) + int(match[3])
+
 
 Marker = tuple[str, float, float, Any, Any, str]
 """A candidate stage range: name, start, end, pid, tid, category."""
@@ -68,7 +87,9 @@ class Segment:
     work_us: float | None = None
     """What the rank is judged by: wall minus collectives; an engine's execution time. ``None``: wall."""
     iterations: int = 0
-    """Engine iterations (execution ranges) in an engine trace."""
+    """Engine iterations (execution ranges) in an engine trace; a vLLM step that scheduled no token is none."""
+    tokens: int = 0
+    """Tokens the engine's iterations scheduled (prefill + decode), where its range names say (vLLM)."""
 
 
 @dataclass
