@@ -35,7 +35,7 @@ from typing import Any
 
 from instrument import naming
 from instrument._manifest import read_manifests
-from instrument.analyze import _safe_io
+from instrument.analyze import _safe_io, _stream
 from instrument.analyze._gpu import GpuRow
 from instrument.analyze._names import (
     TRACE_SUFFIXES,
@@ -280,8 +280,13 @@ def scan_file(trace: TraceFile, wanted: frozenset[str] | None = None) -> FileSca
         with _safe_io.open_json(trace.path) as stream:
             header = _header(stream)
         scanner = _scanner(trace, header, wanted)
-        with _safe_io.open_json(trace.path) as stream, _gc_paused():
-            scanner.feed(_events_ijson(stream))
+        try:  # the standard library's scanner: the same events, ~1.5x faster than ijson's
+            with _safe_io.open_json(trace.path) as stream, _gc_paused():
+                scanner.feed(_stream.events(stream))
+        except _stream.UnfollowedError:  # text it does not follow: ijson decides, and words any error
+            scanner = _scanner(trace, header, wanted)
+            with _safe_io.open_json(trace.path) as stream, _gc_paused():
+                scanner.feed(_events_ijson(stream))
         return FileScan(scanner.finish(), header, scanner.events, size, scanner.gpu.rows())
     except TraceError:
         raise
