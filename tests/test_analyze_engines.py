@@ -173,3 +173,20 @@ def _load(path: Path) -> dict[str, Any]:
 
 def _names(path: Path) -> list[str]:
     return [str(e.get("name")) for e in _load(path)["traceEvents"]]
+
+
+def test_the_report_says_what_each_replica_did_and_knows_the_frontend(tmp_path: Path) -> None:
+    """Real vLLM names as written: the worker's ``rank0.{ns}…`` and the API server's ``{host}_{pid}.async_llm…``."""
+    for kind in ("busy", "idle"):
+        target = tmp_path / kind
+        shutil.copytree(DATA / kind, target)
+    frontend = next((tmp_path / "busy").glob("*.async_llm.*"))
+    trace = from_name(frontend)
+    assert trace is not None and (trace.stage, trace.tool, trace.rank) == ("frontend", "vllm", None)
+    busy = analyze(tmp_path / "busy", jobs=1)
+    assert {(s.role, s.stage) for s in busy.stages} == {("rollout", "engine"), ("rollout", "frontend")}
+    text = busy.render_text(width=200)
+    assert "rollout/engine step 0: rank 0 24 iterations, 48 tokens, 126.5 ms in a 246.6 ms window" in text
+    assert '"tokens": 48' in json.dumps(busy.to_dict())
+    idle = analyze(tmp_path / "idle", jobs=1).render_text(width=200)
+    assert "rank 0 idle (0 iterations in" in idle

@@ -33,6 +33,7 @@ class _Cell:
     comm_us: float = 0.0
     work_us: float | None = None
     iterations: int = 0
+    tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Fold:
                 cell = self.cells[key] = _Cell(role, segment.stage, trace.rank, trace.replica, worker=trace.worker)
             cell.comm_us += segment.comm_us
             cell.iterations += segment.iterations
+            cell.tokens += segment.tokens
             if segment.work_us is not None or cell.work_us is not None:
                 cell.work_us = (cell.work_us if cell.work_us is not None else cell.wall_us) + (
                     segment.wall_us if segment.work_us is None else segment.work_us
@@ -151,6 +153,7 @@ class Fold:
                     comm_ms=cell.comm_us / US_PER_MS,
                     work_ms=None if cell.work_us is None else cell.work_us / US_PER_MS,
                     iterations=cell.iterations,
+                    tokens=cell.tokens,
                 )
             )
         return groups

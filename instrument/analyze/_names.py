@@ -49,6 +49,8 @@ _HTA = re.compile(r"rank-(?P<rank>\d+)(?:[._-][^/]*)?\.json(?:\.gz)?\Z")
 _VLLM_DP = re.compile(
     r"(?:^|_)dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?\Z"
 )
+# vLLM's API-server trace before relocation: "[{prefix}_]{host}_{pid}.async_llm.{ns}.pt.trace.json[.gz]"
+_VLLM_FRONTEND = re.compile(r"(?P<who>.*_(?P<pid>\d+))\.async_llm\.\d+\.pt\.trace\.json(?:\.gz)?\Z")
 _TORCH_DEFAULT = re.compile(r"(?P<worker>.+)\.\d+\.pt\.trace\.json(?:\.gz)?\Z")
 
 
@@ -134,6 +136,13 @@ def from_name(path: Path) -> TraceFile | None:
     found = _sdk(path) or _verl(path) or _engine(path)
     if found is not None:
         return found
+    match = _VLLM_FRONTEND.match(name)
+    if match is not None:  # a frontend belongs to a replica, not a rank: named by its process
+        step = _PREFIX_STEP.search(match["who"])
+        return TraceFile(
+            str(path), "rollout", "frontend", int(step[1]) if step else 0, None, None, tool="vllm",
+            source="engine", worker=f"frontend-pid{match['pid']}",
+        )  # fmt: skip
     match = _HTA.match(name)
     if match is not None:
         rank = int(match["rank"])

@@ -186,6 +186,26 @@ _GPU_LEGEND = (
 )
 
 
+def _engine_notes(report: Report) -> list[str]:
+    """One line per engine stage: what each replica rank did in its profiling window."""
+    lines = []
+    for stage in report.stages:
+        if stage.stage != "engine" and not any(r.iterations for r in stage.ranks):
+            continue
+        parts = []
+        for r in stage.ranks:
+            if r.iterations == 0:
+                parts.append(f"rank {r.label} idle (0 iterations in {r.wall_ms:,.1f} ms)")
+                continue
+            tokens = f", {plural(r.tokens, 'token')}" if r.tokens else ""
+            parts.append(
+                f"rank {r.label} {plural(r.iterations, 'iteration')}{tokens}, "
+                f"{r.judged_ms:,.1f} ms in a {r.wall_ms:,.1f} ms window"
+            )
+        lines.append(f"{stage.role}/{stage.stage} step {stage.step}: " + "; ".join(parts))
+    return lines
+
+
 def _summary(report: Report) -> tuple[str, list[str], list[str]]:
     """The headline, what the columns mean, and the notes (caveat, skipped files)."""
     jobs = f" with {plural(report.jobs, 'process', 'processes')}" if report.jobs > 1 else ""
@@ -208,7 +228,7 @@ def _summary(report: Report) -> tuple[str, list[str], list[str]]:
         )
     medians = "mini-batch, cpu op, gpu ms" if _has_mini_batches(report) else "cpu op, gpu ms"
     legend.append(f"{medians} and events: medians across ranks; -: none in the traces.")
-    notes = []
+    notes = _engine_notes(report)
     caveat = clock_caveat(report)
     if caveat:
         notes.append(f"note: {caveat}")

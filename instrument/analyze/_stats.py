@@ -51,6 +51,8 @@ class RankStats:
     """What the rank is judged by: wall minus collectives, an engine's execution time; ``None``: the wall time."""
     iterations: int = 0
     """Engine iterations (execution ranges) of an engine trace."""
+    tokens: int = 0
+    """Tokens those iterations scheduled, where the engine's range names say (vLLM's do)."""
 
     @property
     def label(self) -> str:
@@ -84,6 +86,7 @@ class RankStats:
             "comm_ms": _r(self.comm_ms),
             "work_ms": _r(self.judged_ms),
             "iterations": self.iterations,
+            "tokens": self.tokens,
         }
 
 
