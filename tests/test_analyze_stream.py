@@ -87,6 +87,19 @@ def test_a_value_larger_than_it_holds_is_left_to_ijson(monkeypatch: pytest.Monke
         _read(text, 16, monkeypatch)
 
 
+def test_nesting_deeper_than_the_scanner_goes_is_left_to_ijson(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    text = b'{"traceEvents": [{"args": ' + b"[" * 400 + b"]" * 400 + b"}]}"
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(200)  # the C scanner's depth follows the recursion limit
+    try:
+        with pytest.raises(_stream.UnfollowedError):
+            _read(text, 1 << 20, monkeypatch)
+    finally:
+        sys.setrecursionlimit(limit)
+
+
 def _file(tmp_path: Path, text: bytes, name: str = "rank0.pt.trace.json") -> TraceFile:
     path = tmp_path / name
     path.write_bytes(gzip.compress(text) if name.endswith(".gz") else text)

@@ -142,6 +142,8 @@ def _value(text: _Text, scan: Any) -> Any:
             value, end = scan(text.text, text.at)
         except _ConstantError as exc:
             raise UnfollowedError("NaN or Infinity") from exc
+        except RecursionError as exc:  # nested deeper than the C scanner goes (ijson goes as deep as the guard lets)
+            raise UnfollowedError("nested too deep for the scanner") from exc
         except (StopIteration, ValueError):  # cut off by the end of the text read so far, or invalid
             text.more(max(PIECE, len(text.text) - text.at))  # doubling: each value is re-scanned a few times at most
             continue
@@ -170,7 +172,7 @@ def _array(text: _Text, scan: Any) -> Iterator[Any]:
             value, end = scan(text.text, text.at)
         except _ConstantError as exc:
             raise UnfollowedError("NaN or Infinity") from exc
-        except (StopIteration, ValueError):
+        except (StopIteration, ValueError, RecursionError):
             value = _value(text, scan)
         else:
             if type(value) is not dict and _cut(value, text, end):
