@@ -19,6 +19,7 @@ from typing import ClassVar
 import pytest
 
 import instrument as ins
+from instrument._http import HttpTimeoutError
 from instrument._manifest import Manifest, read_manifests
 from instrument.backends.vllm import (
     EngineDriver,
@@ -188,14 +189,22 @@ def test_relocation_skips_files_older_than_the_step(tmp_path: Path) -> None:
 
 # --------------------------------------------------------------------------- HTTP errors a real vLLM does not produce
 
+HANG_GUARD_S = 60.0  # a held request is answered after this at the latest, so a broken test cannot hang
+
 
 class _Stub(http.server.BaseHTTPRequestHandler):
     routes: ClassVar[dict[str, tuple[int, dict[str, str], bytes]]] = {}
+    held: ClassVar[list[str]]  # paths of requests held back, in arrival order
+    release: ClassVar[threading.Event]  # set: held requests are answered (200)
+    answered: ClassVar[list[str]]  # paths of held requests answered, after the release
+    url: ClassVar[str]
 
     def _answer(self) -> None:
         status, headers, body = self.routes.get(self.path, (404, {}, b"not found"))
-        if status == 0:
-            time.sleep(3)
+        if status == 0:  # a server that does not answer until the test says so (a flush that never ends)
+            self.held.append(self.path)
+            self.release.wait(HANG_GUARD_S)
+            self.answered.append(self.path)
             status = 200
         self.send_response(status)
         for key, value in headers.items():
@@ -211,15 +220,24 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def stub() -> Iterator[tuple[str, dict[str, tuple[int, dict[str, str], bytes]]]]:
-    routes: dict[str, tuple[int, dict[str, str], bytes]] = {}
-    handler = type("Handler", (_Stub,), {"routes": routes})
+def stub_server() -> Iterator[type[_Stub]]:
+    """The stub's handler class (its routes, held requests and release) once it serves on ``url``."""
+    handler = type(
+        "Handler", (_Stub,), {"routes": {}, "held": [], "release": threading.Event(), "answered": [], "url": ""}
+    )
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    handler.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", routes
+    yield handler
+    handler.release.set()  # held requests end before server_close() joins their threads
     server.shutdown()
     server.server_close()
+
+
+@pytest.fixture
+def stub(stub_server: type[_Stub]) -> tuple[str, dict[str, tuple[int, dict[str, str], bytes]]]:
+    return stub_server.url, stub_server.routes
 
 
 def test_redirects_are_refused(stub: tuple[str, dict[str, tuple[int, dict[str, str], bytes]]]) -> None:
@@ -229,18 +247,22 @@ def test_redirects_are_refused(stub: tuple[str, dict[str, tuple[int, dict[str, s
         HttpEngineDriver(url).start()
 
 
-def test_server_errors_and_slow_stops_are_reported(
-    stub: tuple[str, dict[str, tuple[int, dict[str, str], bytes]]],
-) -> None:
-    url, routes = stub
+def test_server_errors_and_slow_stops_are_reported(stub_server: type[_Stub]) -> None:
+    url, routes = stub_server.url, stub_server.routes
     routes["/start_profile"] = (500, {}, b"boom")
     with pytest.raises(EngineProfilerError, match="answered 500"):
         HttpEngineDriver(url).start()
-    routes["/stop_profile"] = (0, {}, b"")  # answers after 3 s
-    started = time.monotonic()
-    with pytest.raises(OSError):
+    routes["/stop_profile"] = (0, {}, b"")  # held until the test releases it
+    with pytest.raises(HttpTimeoutError, match=r"timed out after 0\.5 s"):
         HttpEngineDriver(url, stop_timeout_s=0.5).stop()
-    assert time.monotonic() - started < 2.5  # never blocked past the stop timeout
+    # The stop gave up at its own deadline: the server got the request and has still not answered it
+    # (it answers only when released, at teardown). The wait below only covers a slow server thread.
+    guard = time.monotonic() + HANG_GUARD_S
+    while not stub_server.held:
+        assert time.monotonic() < guard, "the stub never received /stop_profile"
+        time.sleep(0.01)
+    assert stub_server.held == ["/stop_profile"]
+    assert stub_server.answered == []
 
 
 def test_a_rollout_profiler_never_raises_into_training(

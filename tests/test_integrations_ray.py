@@ -116,7 +116,6 @@ def test_a_failing_and_a_dying_worker_leave_the_others_intact(ray_cluster: None,
     )
     actors = [ActorWorker.remote(cfg, rank, 3) for rank in range(3)]
     ctl = ProfileController(cfg, groups={"actor": actors}, timeout_s=30)
-    started = time.monotonic()
     with ctl.step(1, last=True):
         refs = [
             actors[0].update_actor.remote(3),
@@ -130,11 +129,12 @@ def test_a_failing_and_a_dying_worker_leave_the_others_intact(ray_cluster: None,
             except ray.exceptions.RayError as exc:
                 outcomes.append(type(exc).__name__)
     files = ctl.finish()
-    assert time.monotonic() - started < 60
     assert outcomes[0] == 3
     assert outcomes[1] == "RayTaskError(RuntimeError)"
     assert "ActorDiedError" in outcomes[2] or "RayActorError" in outcomes[2]
     assert [(f.group, f.index, f.call) for f in ctl.failures] == [("actor", 2, "stop_profile")]
+    # The controller learnt of the death from Ray, not by waiting out its 30 s control timeout.
+    assert "GetTimeoutError" not in ctl.failures[0].error, ctl.failures[0].error
     names = sorted((n.rank, n.window, n.partial) for n in map(parse_trace_name, files) if n)
     assert names == [(0, (0, 2), True), (1, (0, 1), True)]
     assert (tmp_path / "hook-rank0").is_file()
