@@ -77,7 +77,12 @@ class FinishCoordinator:
                 manifest=manifest,
             )
             run_finish_hook(
-                hook.cmd, env=env, timeout_s=hook.timeout_s, log_prefix=f"[instrument {self.role} rank {self.rank}]"
+                hook.cmd,
+                env=env,
+                timeout_s=hook.timeout_s,
+                log_prefix=f"[instrument {self.role} rank {self.rank}]",
+                output=hook.output,
+                rank=self.rank,
             )
         except Exception as exc:
             self._fail("could not run the finish hook", exc)

@@ -2,8 +2,8 @@
 
 * :func:`hook_environment` builds the ``INSTRUMENT_PROFILE_*`` variables the hook reads.
 * :func:`run_finish_hook` runs ``/bin/sh -c CMD`` once, in its own process group, with those
-  values only in the environment (never spliced into ``CMD``), streams its output into the log and
-  kills the whole group at the timeout, through a watchdog process that does so even when this
+  values only in the environment (never spliced into ``CMD``), shows its output on stderr or in the log,
+  and kills the whole group at the timeout, through a watchdog process that does so even when this
   process dies (:mod:`instrument._reaper`).  It never raises: a broken hook must not break training.
 * :func:`move_into` moves a file into a directory without ever overwriting, also across
   filesystems (copy to a temp name, fsync, exclusive link into place, then remove the source).
@@ -14,25 +14,38 @@ Standard library only (plus ``instrument.*``).  See ``docs/finish-hook.md``.
 
 from __future__ import annotations
 
-import collections
 import errno
 import logging
 import os
 import secrets
 import shutil
 import stat
+import sys
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import BinaryIO
 
-from instrument._hookproc import HookStartError, start_hook
+from instrument._hookproc import (
+    _MAX_LINE_BYTES,  # noqa: F401 - re-exported: tests read the line cut here
+    MAX_LOGGED_LINES,
+    OUTPUTS,
+    TAIL_LINES,
+    HookStartError,
+    OutputReader,
+    OutputSink,
+    start_hook,
+)
+from instrument._progress import HookProgress
 from instrument._reaper import TERM_GRACE_S
 
 __all__ = [
     "ENV_PREFIX",
+    "MAX_LOGGED_LINES",
+    "OUTPUTS",
+    "TAIL_LINES",
     "HookResult",
     "hook_environment",
     "move_into",
@@ -41,21 +54,12 @@ __all__ = [
 ]
 
 logger = logging.getLogger("instrument")
-_output_logger = logger.getChild("finish_hook")  # the hook's own output lines, so they can be filtered apart
 
 ENV_PREFIX = "INSTRUMENT_PROFILE_"
 """Prefix of every variable :func:`hook_environment` sets."""
 
-TAIL_LINES = 20
-"""Lines of hook output kept in :attr:`HookResult.tail`."""
-
-MAX_LOGGED_LINES = 200
-"""Hook output lines logged per run; the rest are counted, not shown."""
-
 _TERM_GRACE_S = TERM_GRACE_S  # between SIGTERM and SIGKILL of the hook's process group
 _READER_GRACE_S = 2.0  # draining output still buffered in the pipe after the shell exited
-_READ_CHUNK = 1 << 16
-_MAX_LINE_BYTES = 8192  # a longer line is cut into pieces, so one endless line cannot eat memory
 _COPY_CHUNK = 1 << 20
 # link(2) fails with these where the filesystem has no hard links (FAT, some FUSE and network mounts).
 _NO_HARDLINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK})
@@ -118,84 +122,56 @@ class HookResult:
         return self.error is None and not self.timed_out and self.returncode == 0
 
 
-class _OutputReader:
-    """Drains a pipe line by line: logs the first lines, counts the rest, keeps the last ones.
-
-    It reads whole chunks and only decodes the lines it logs or keeps, so a hook printing
-    megabytes costs little and is never blocked on a full pipe.
-    """
-
-    def __init__(self, stream: IO[bytes], log_prefix: str) -> None:
-        self._stream = stream
-        self._prefix = log_prefix
-        self._lock = threading.Lock()
-        self._tail: collections.deque[bytes] = collections.deque(maxlen=TAIL_LINES)
-        self._total = 0
-        self._logged = 0
-        self._quiet = False
-
-    def run(self) -> None:
-        pending = b""
-        try:
-            fd = self._stream.fileno()
-            while chunk := os.read(fd, _READ_CHUNK):
-                lines = (pending + chunk).split(b"\n")
-                pending = lines.pop()
-                while len(pending) > _MAX_LINE_BYTES:
-                    lines.append(pending[:_MAX_LINE_BYTES])
-                    pending = pending[_MAX_LINE_BYTES:]
-                self._take(lines)
-            if pending:
-                self._take([pending])
-        except Exception:  # a reader must never die loudly in a daemon thread
-            logger.debug("%s reading finish hook output failed", self._prefix, exc_info=True)
-        finally:
-            self._stream.close()
-
-    def _take(self, lines: list[bytes]) -> None:
-        with self._lock:
-            self._total += len(lines)
-            room = 0 if self._quiet else max(0, MAX_LOGGED_LINES - self._logged)
-            shown = lines[:room]
-            self._logged += len(shown)
-            self._tail.extend(lines[-TAIL_LINES:])
-        for raw in shown:
-            _output_logger.info("%s %s", self._prefix, _decode(raw))
-
-    def finish(self) -> tuple[tuple[str, ...], int]:
-        """Stop logging; return the tail and how many lines were not logged."""
-        with self._lock:
-            self._quiet = True
-            return tuple(_decode(raw) for raw in self._tail), self._total - self._logged
-
-
-def _decode(raw: bytes) -> str:
-    return raw.decode("utf-8", errors="replace").rstrip("\r")
-
-
-def run_finish_hook(cmd: str, *, env: Mapping[str, str], timeout_s: float, log_prefix: str) -> HookResult:
+def run_finish_hook(
+    cmd: str,
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    log_prefix: str,
+    output: str = "log",
+    rank: int | None = None,
+    progress_after_s: float | None = None,
+) -> HookResult:
     """Run ``/bin/sh -c cmd`` once with ``env`` added to this process's environment; never raises.
 
-    The hook runs in its own process group with stdin from ``/dev/null``; its output (stdout and
-    stderr together) is logged line by line as ``"{log_prefix} {line}"`` (the first
-    :data:`MAX_LOGGED_LINES` lines).  At ``timeout_s`` the whole group gets SIGTERM, then SIGKILL.
-    It returns when the shell ends; what the shell left running in its group is killed at
-    ``timeout_s``, also if this process has ended by then, and everything at once if this process
-    dies while the shell still runs.
+    The hook runs in its own process group with stdin from ``/dev/null``.  Its output (stdout and
+    stderr together, the first :data:`MAX_LOGGED_LINES` lines) goes, with ``output="stderr"``, to
+    this process's stderr as ``"[hook rank {rank}] {line}"``, followed by one line with its exit
+    status and duration; with ``output="log"`` to the ``instrument.finish_hook`` logger at INFO as
+    ``"{log_prefix} {line}"``.  Failures are one WARNING in both cases.  On a terminal, a hook
+    running longer than ``progress_after_s`` (default
+    :data:`~instrument._progress.HOOK_PROGRESS_AFTER_S`) shows its elapsed time against ``timeout_s``.
+
+    At ``timeout_s`` the whole group gets SIGTERM, then SIGKILL.  It returns when the shell ends;
+    what the shell left running in its group is killed at ``timeout_s``, also if this process has
+    ended by then, and everything at once if this process dies while the shell still runs.
     """
     start = time.monotonic()
     try:
-        return _run(cmd, env, timeout_s, log_prefix, start)
+        label = "[hook]" if rank is None else f"[hook rank {rank}]"
+        if output not in OUTPUTS:
+            raise ValueError(f"'output' must be one of {', '.join(map(repr, OUTPUTS))}: {output!r}")
+        progress = HookProgress(f"{label} running", timeout_s, sys.stderr, after_s=progress_after_s)
+        sink = OutputSink(output, label if output == "stderr" else log_prefix, progress)
+        return _run(cmd, env, timeout_s, log_prefix, start, sink, progress)
     except Exception as exc:
         logger.warning("%s finish hook failed: %s: %s", log_prefix, type(exc).__name__, exc)
         return HookResult(None, False, time.monotonic() - start, (), f"{type(exc).__name__}: {exc}")
 
 
-def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, start: float) -> HookResult:
+def _run(
+    cmd: str,
+    env: Mapping[str, str],
+    timeout_s: float,
+    log_prefix: str,
+    start: float,
+    sink: OutputSink,
+    progress: HookProgress,
+) -> HookResult:
     logger.info("%s running finish hook (timeout %g s): %s", log_prefix, timeout_s, cmd)
     deadline = start + timeout_s
     read_fd, write_fd = os.pipe()  # both close-on-exec: the hook gets the write end as stdout and stderr only
-    reader = _OutputReader(open(read_fd, "rb", buffering=0), log_prefix)  # noqa: SIM115 - the reader closes it
+    reader = OutputReader(open(read_fd, "rb", buffering=0), sink)  # noqa: SIM115 - the reader closes it
     thread = threading.Thread(target=reader.run, name="instrument-finish-hook-output", daemon=True)
     try:
         thread.start()
@@ -204,14 +180,17 @@ def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, st
         hook = start_hook(cmd, {**os.environ, **env}, deadline, write_fd, log_prefix)
     except HookStartError as exc:
         error = str(exc)
+        _status(sink, f"could not start: {error}")
         logger.warning("%s finish hook could not start: %s", log_prefix, error)
         return HookResult(None, False, time.monotonic() - start, (), error)
     finally:
         os.close(write_fd)  # from now on only the hook holds it: the reader sees end-of-file when it is done
+    progress.start()
     try:
         end = hook.wait()
     except BaseException:
         # Interrupted (KeyboardInterrupt): leave no hook process behind.
+        progress.stop()
         hook.abandon()
         raise
     # What the shell left in its group may run until the deadline, no longer: a hook may background
@@ -222,6 +201,7 @@ def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, st
     # A process the hook put in another group or session may still hold the pipe open: give the
     # reader a moment to drain what is buffered, then abandon it (a daemon thread) rather than hang.
     thread.join(_READER_GRACE_S)
+    progress.stop()  # the display goes before the last lines, so they stay on the screen
     if thread.is_alive():
         logger.warning(
             "%s a background process of the finish hook still holds its output open; not waiting for it "
@@ -231,10 +211,11 @@ def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, st
     tail, not_shown = reader.finish()
     duration = time.monotonic() - start
     if not_shown:
-        _output_logger.info("%s ... %d more output lines not shown", log_prefix, not_shown)
+        sink.line(f"... {not_shown} more output lines not shown")
 
     shown_tail = "".join(f"\n    {line}" for line in tail) or " (no output)"
     if timed_out:
+        _status(sink, f"timed out after {timeout_s:g} s: killed")
         logger.warning(
             "%s finish hook timed out after %g s and was killed (SIGTERM, then SIGKILL to its group); last output:%s",
             log_prefix,
@@ -242,13 +223,23 @@ def _run(cmd: str, env: Mapping[str, str], timeout_s: float, log_prefix: str, st
             shown_tail,
         )
     elif end.error is not None:
+        _status(sink, f"{end.error} after {duration:.1f} s")
         logger.warning("%s finish hook: %s; last output:%s", log_prefix, end.error, shown_tail)
     elif returncode is not None and returncode != 0:
         how = f"was killed by signal {-returncode}" if returncode < 0 else f"exited with code {returncode}"
+        end_word = f"killed by signal {-returncode}" if returncode < 0 else f"exit {returncode}"
+        _status(sink, f"{end_word} after {duration:.1f} s")
         logger.warning("%s finish hook %s after %.1f s; last output:%s", log_prefix, how, duration, shown_tail)
     else:
+        _status(sink, f"exit 0 after {duration:.1f} s")
         logger.info("%s finish hook succeeded in %.1f s", log_prefix, duration)
     return HookResult(returncode, timed_out, duration, tail, end.error)
+
+
+def _status(sink: OutputSink, text: str) -> None:
+    """The hook's last line on stderr (exit status and duration); the log has its own wording."""
+    if sink.output == "stderr":
+        sink.line(text)
 
 
 # --------------------------------------------------------------------------- relocating files

@@ -1,4 +1,5 @@
-"""The trainer's side of the finish hook: start ``/bin/sh -c CMD`` under the watchdog, read its reports.
+"""The trainer's side of the finish hook: start ``/bin/sh -c CMD`` under the watchdog, read its reports,
+and show its output (:class:`OutputReader` into an :class:`OutputSink`: stderr or the log).
 
 The watchdog itself is :mod:`instrument._reaper` run as a script (it must run without the package);
 see its docstring for the whole design.  Where no watchdog can run (no usable interpreter; warned
@@ -7,6 +8,7 @@ once) the shell is started directly and guarded by a thread only while the train
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import os
@@ -18,8 +20,10 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import IO
 
 from instrument import _reaper
+from instrument._progress import HookProgress
 from instrument._reaper import (
     _EXIT_WAIT_S,
     _POLL_S,
@@ -32,7 +36,18 @@ from instrument._reaper import (
     group_exists,
 )
 
-__all__ = ["INTERPRETER", "HookEnd", "HookStartError", "start_hook"]
+__all__ = [
+    "INTERPRETER",
+    "MAX_LOGGED_LINES",
+    "OUTPUTS",
+    "TAIL_LINES",
+    "HookEnd",
+    "HookStartError",
+    "OutputReader",
+    "OutputSink",
+    "decode",
+    "start_hook",
+]
 
 logger = logging.getLogger("instrument")
 
@@ -289,3 +304,99 @@ def _forget_all_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_all_in_child)
+
+
+# --------------------------------------------------------------------------- the hook's output
+
+TAIL_LINES = 20
+"""Lines of hook output kept in :attr:`~instrument._finish.HookResult.tail`."""
+
+MAX_LOGGED_LINES = 200
+"""Hook output lines shown per run; the rest are counted, not shown."""
+
+OUTPUTS = ("stderr", "log")
+"""Where the hook's output goes: this process's stderr, or the ``instrument.finish_hook`` logger only."""
+
+_READ_CHUNK = 1 << 16
+_MAX_LINE_BYTES = 8192  # a longer line is cut into pieces, so one endless line cannot eat memory
+_output_logger = logger.getChild("finish_hook")  # the hook's own output lines, so they can be filtered apart
+
+
+class OutputSink:
+    """Where the hook's lines go: ``stderr`` (``"{prefix} {line}"``, above a progress display if one
+    is drawn) or the ``instrument.finish_hook`` logger at INFO.  Never raises: a closed or broken
+    stderr loses the line, not the training run."""
+
+    def __init__(self, output: str, prefix: str, progress: HookProgress | None = None) -> None:
+        self.output, self.prefix, self._progress = output, prefix, progress
+
+    def line(self, text: str) -> None:
+        if self.output != "stderr":
+            _output_logger.info("%s %s", self.prefix, text)
+            return
+        shown = f"{self.prefix} {text}"
+        try:
+            if self._progress is not None and self._progress.print(shown):
+                return
+            stream = sys.stderr
+            if stream is not None:
+                stream.write(shown + "\n")
+                stream.flush()
+        except Exception:  # a closed stderr, an encoding that cannot hold the text
+            logger.debug("%s could not write a finish hook line to stderr", self.prefix, exc_info=True)
+
+
+class OutputReader:
+    """Drains a pipe line by line: shows the first lines, counts the rest, keeps the last ones.
+
+    It reads whole chunks and only decodes the lines it shows or keeps, so a hook printing
+    megabytes costs little and is never blocked on a full pipe.
+    """
+
+    def __init__(self, stream: IO[bytes], sink: OutputSink) -> None:
+        self._stream = stream
+        self._sink = sink
+        self._lock = threading.Lock()
+        self._tail: collections.deque[bytes] = collections.deque(maxlen=TAIL_LINES)
+        self._total = 0
+        self._logged = 0
+        self._quiet = False
+
+    def run(self) -> None:
+        pending = b""
+        try:
+            fd = self._stream.fileno()
+            while chunk := os.read(fd, _READ_CHUNK):
+                lines = (pending + chunk).split(b"\n")
+                pending = lines.pop()
+                while len(pending) > _MAX_LINE_BYTES:
+                    lines.append(pending[:_MAX_LINE_BYTES])
+                    pending = pending[_MAX_LINE_BYTES:]
+                self._take(lines)
+            if pending:
+                self._take([pending])
+        except Exception:  # a reader must never die loudly in a daemon thread
+            logger.debug("%s reading finish hook output failed", self._sink.prefix, exc_info=True)
+        finally:
+            self._stream.close()
+
+    def _take(self, lines: list[bytes]) -> None:
+        with self._lock:
+            self._total += len(lines)
+            room = 0 if self._quiet else max(0, MAX_LOGGED_LINES - self._logged)
+            shown = lines[:room]
+            self._logged += len(shown)
+            self._tail.extend(lines[-TAIL_LINES:])
+        for raw in shown:
+            self._sink.line(decode(raw))
+
+    def finish(self) -> tuple[tuple[str, ...], int]:
+        """Stop showing lines; return the tail and how many lines were not shown."""
+        with self._lock:
+            self._quiet = True
+            return tuple(decode(raw) for raw in self._tail), self._total - self._logged
+
+
+def decode(raw: bytes) -> str:
+    """A line of hook output as text (bad bytes replaced, a trailing CR dropped)."""
+    return raw.decode("utf-8", errors="replace").rstrip("\r")

@@ -13,6 +13,7 @@ import attrs
 
 __all__ = [
     "CONTENTS",
+    "HOOK_OUTPUTS",
     "TOOLS",
     "boolean",
     "check_command",
@@ -34,6 +35,9 @@ TOOLS = ("none", "nvtx", "torch")
 
 CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
 """Allowed values in ``ProfilerConfig.contents``, in canonical order."""
+
+HOOK_OUTPUTS = ("stderr", "log")
+"""Allowed values of ``FinishHook.output``: the hook's lines on stderr, or in the log only."""
 
 
 # --------------------------------------------------------------------------- validators

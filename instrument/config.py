@@ -23,6 +23,7 @@ from instrument import ranks as _ranks
 from instrument._overrides import format_value, parse_value, string_value
 from instrument._validators import (
     CONTENTS,
+    HOOK_OUTPUTS,
     TOOLS,
     boolean,
     check_command,
@@ -33,6 +34,7 @@ from instrument._validators import (
     int_tuple,
     is_int,
     known_tool,
+    one_of,
     to_contents,
     to_path,
     to_sorted_tuple,
@@ -89,6 +91,9 @@ class FinishHook:
     ranks: tuple[int, ...] = attrs.field(default=(0,), converter=to_sorted_tuple, validator=int_tuple(0))
     all_ranks: bool = attrs.field(default=False, validator=boolean)
     timeout_s: float = attrs.field(default=600, validator=check_timeout)
+    output: str = attrs.field(default="stderr", validator=one_of(HOOK_OUTPUTS))
+    """``"stderr"``: the hook's lines on stderr as ``[hook rank R] …``, then its exit status and
+    duration; ``"log"``: to the ``instrument.finish_hook`` logger at INFO only."""
 
     def __attrs_post_init__(self) -> None:
         if not self.ranks and not self.all_ranks:
@@ -338,7 +343,8 @@ def _merge_hooks(a: FinishHook | None, b: FinishHook | None, union: bool) -> Fin
     if not selection["ranks"] and not selection["all_ranks"]:
         return None
     timeout = max(a.timeout_s, b.timeout_s) if union else min(a.timeout_s, b.timeout_s)
-    return FinishHook(cmd=_same("finish_hook.cmd", a.cmd, b.cmd), timeout_s=timeout, **selection)
+    output = _same("finish_hook.output", a.output, b.output)
+    return FinishHook(cmd=_same("finish_hook.cmd", a.cmd, b.cmd), timeout_s=timeout, output=output, **selection)
 
 
 # Every field of ProfilerConfig must appear here, so a new field cannot be dropped silently
