@@ -147,16 +147,16 @@ def _build(stream: TextIO | None, kind: str) -> Any:
     console = Console(file=stream, highlight=False)  # rich itself honours NO_COLOR
     columns: list[Any]
     if kind == "bytes":
-        columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TimeElapsedColumn()]
+        columns = [TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(), TimeElapsedColumn()]
     elif kind == "timeout":
         columns = [
-            TextColumn("{task.description}"),
+            TextColumn("{task.description}", markup=False),
             BarColumn(),
             TimeElapsedColumn(),
             TextColumn("of {task.total:.0f} s"),
         ]
     else:
-        columns = [SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn()]
+        columns = [SpinnerColumn(), TextColumn("{task.description}", markup=False), TimeElapsedColumn()]
     return Progress(
         *columns,
         console=console,

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from instrument._progress import Display, human_bytes, wanted
 from instrument.analyze._report import analyze
 
 __all__ = ["DEFAULT_PNG", "add_arguments", "main_from_args", "parse_int_list"]
@@ -69,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--stage", action="append", metavar="NAME", help="only this stage (update_actor or update-actor); repeat it"
     )
     parser.add_argument("--json", action="store_true", help="print the analysis as JSON instead of the table")
+    parser.add_argument(
+        "--quiet", action="store_true", help="no progress while reading (it is only ever drawn on a terminal)"
+    )
     parser.add_argument("--png", metavar="PATH", help=f"where the picture goes (default DIR/{DEFAULT_PNG})")
     parser.add_argument("--no-png", action="store_true", help="write no picture")
     parser.add_argument("--html", metavar="PATH", help="also write one self-contained HTML page")
@@ -144,6 +148,43 @@ def _export(args: argparse.Namespace) -> int:
     return 1 if done.skipped else 0
 
 
+class _Reading:
+    """The reading's progress on stderr (files and bytes), then one line naming the slowest file.
+
+    Drawn only on a terminal (stdout and stderr both), never with ``--json`` or ``--quiet``.
+    """
+
+    def __init__(self, quiet: bool) -> None:
+        shown = not quiet and sys.stdout.isatty() and wanted(sys.stderr)
+        self._display = Display(sys.stderr if shown else None, kind="bytes")
+        self._task: int | None = None
+        self._files = self._done = 0
+        self._bytes = 0
+        self._slowest: tuple[float, str] | None = None
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        self._files, self._bytes = files, total_bytes
+        self._display.__enter__()
+        self._task = self._display.add(f"reading 0/{files} files", total=total_bytes)
+
+    def file_done(self, path: str, size: int, seconds: float) -> None:
+        self._done += 1
+        if self._slowest is None or seconds > self._slowest[0]:
+            self._slowest = (seconds, path)
+        self._display.update(self._task, advance=size, description=f"reading {self._done}/{self._files} files")
+
+    def close(self) -> None:
+        """Remove the display and, if it was drawn, say what was read and which file took longest."""
+        drawn = self._display.live
+        self._display.close()
+        if drawn and self._slowest is not None:
+            seconds, path = self._slowest
+            _say(
+                f"read {self._done} files, {human_bytes(self._bytes)}; slowest {_printable(path)} ({seconds:.1f} s)",
+                sys.stderr,
+            )
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``instrument analyze`` with parsed arguments; returns the exit status."""
     if args.jobs is not None and args.jobs < 1:
@@ -152,8 +193,14 @@ def main_from_args(args: argparse.Namespace) -> int:
         return _error("--png and --no-png contradict each other")
     if getattr(args, "layout", None):
         return _export(args)
+    reading = _Reading(quiet=args.quiet or args.json)
     try:
-        report = analyze(args.directory, ranks=args.ranks, steps=args.steps, stages=args.stage, jobs=args.jobs)
+        try:
+            report = analyze(
+                args.directory, ranks=args.ranks, steps=args.steps, stages=args.stage, jobs=args.jobs, progress=reading
+            )
+        finally:
+            reading.close()  # before any other line, so the display never mixes with them
     except (OSError, ValueError) as exc:
         return _error(str(exc))
     for skipped in report.skipped:
@@ -192,7 +239,8 @@ def main_from_args(args: argparse.Namespace) -> int:
     else:
         tty = sys.stdout.isatty()
         width = shutil.get_terminal_size().columns if tty else None
-        _say(report.render_text(width=width, color=tty))
+        no_color = os.environ.get("NO_COLOR", "") != ""  # https://no-color.org, as rich reads it
+        _say(report.render_text(width=width, color=tty and not no_color))
         if png is not None:
             _say(f"picture  {png}")
         if page is not None:

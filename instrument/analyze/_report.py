@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from instrument.analyze._fold import Filters, Fold
 from instrument.analyze._names import worker_label
@@ -149,10 +149,36 @@ def _scan_or_skip(trace: TraceFile, wanted: frozenset[str] | None = None) -> Fil
         return Skipped(trace.path, str(exc))
 
 
-def _scan_all(files: list[TraceFile], jobs: int, wanted: frozenset[str] | None = None) -> Iterator[FileScan | Skipped]:
-    scan = functools.partial(_scan_or_skip, wanted=wanted)
+class ReadProgress(Protocol):
+    """What :func:`analyze` tells about its reading (``instrument analyze`` draws it on a terminal)."""
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        """Reading starts: this many files, this many bytes on disk."""
+
+    def file_done(self, path: str, size: int, seconds: float) -> None:
+        """One file was read (or skipped) in ``seconds``."""
+
+
+def _timed_scan(trace: TraceFile, wanted: frozenset[str] | None = None) -> tuple[FileScan | Skipped, float]:
+    started = time.perf_counter()  # in the process that reads it: a worker's own time, not the queue's
+    return _scan_or_skip(trace, wanted), time.perf_counter() - started
+
+
+def _scan_all(
+    files: list[TraceFile],
+    jobs: int,
+    wanted: frozenset[str] | None = None,
+    progress: ReadProgress | None = None,
+) -> Iterator[FileScan | Skipped]:
+    scan = functools.partial(_timed_scan, wanted=wanted)
+
+    def told(trace: TraceFile, done: tuple[FileScan | Skipped, float]) -> FileScan | Skipped:
+        if progress is not None:
+            progress.file_done(trace.path, _size(trace.path), done[1])
+        return done[0]
+
     if jobs <= 1 or len(files) < 2:
-        yield from map(scan, files)
+        yield from (told(trace, scan(trace)) for trace in files)
         return
     import multiprocessing
     import threading
@@ -170,7 +196,7 @@ def _scan_all(files: list[TraceFile], jobs: int, wanted: frozenset[str] | None =
     results: list[FileScan | Skipped | None] = [None] * len(files)
     with ProcessPoolExecutor(max_workers=min(jobs, len(files)), mp_context=context) as pool:
         for i, result in zip(largest_first, pool.map(scan, [files[i] for i in largest_first]), strict=True):
-            results[i] = result
+            results[i] = told(files[i], result)
     for done in results:
         if done is None:  # pragma: no cover - map() returns one result per file
             raise RuntimeError("a worker process returned no result")
@@ -185,6 +211,7 @@ def analyze(
     stages: Iterable[str] | None = None,
     all_ranks: bool = True,
     jobs: int | None = None,
+    progress: ReadProgress | None = None,
 ) -> Report:
     """Analyse the traces in ``path`` (a ``save_path``).
 
@@ -197,6 +224,8 @@ def analyze(
     :data:`PARALLEL_MIN_BYTES` on disk, else this process alone. A process with only one thread
     forks them; otherwise they are spawned, which re-imports the caller's ``__main__`` (guard a
     script with ``if __name__ == "__main__":``, or pass ``jobs=1``).
+
+    ``progress`` (a :class:`ReadProgress`) hears when reading begins and as each file is done.
 
     Files that cannot be read are listed in :attr:`Report.skipped` with the reason; raises
     ``NotADirectoryError`` / ``OSError`` when ``path`` is no readable directory and ``ValueError``
@@ -221,11 +250,13 @@ def analyze(
 
     found, skipped = discover(root)
     unique = _without_duplicates(_identified(found, filters, skipped), skipped)
+    total = sum(_size(t.path) for t in unique)
     if jobs is None:
-        total = sum(_size(t.path) for t in unique)
         jobs = _default_jobs() if total >= PARALLEL_MIN_BYTES else 1
+    if progress is not None:
+        progress.begin(len(unique), total)
     fold = Fold(filters)
-    for trace, result in zip(unique, _scan_all(unique, jobs, filters.stages), strict=True):
+    for trace, result in zip(unique, _scan_all(unique, jobs, filters.stages, progress), strict=True):
         if isinstance(result, Skipped):
             skipped.append(result)
         else:
