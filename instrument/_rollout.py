@@ -8,19 +8,23 @@ broken worker never stops the others and always becomes a row of the table, neve
 from __future__ import annotations
 
 import json
+import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from instrument._http import HttpError, check_http_url, check_timeout
 from instrument._http import request as http_request
+from instrument._progress import Display, wanted
 from instrument.backends.vllm import EngineProfilerError, HttpEngineDriver
 
-__all__ = ["WorkerOutcome", "fan_out", "list_router_workers", "render_table"]
+__all__ = ["EngineProgress", "WorkerOutcome", "fan_out", "list_router_workers", "render_table"]
 
 ACTIONS = ("start", "stop", "status")
+_WAITING = {"start": "starting the profiler", "stop": "waiting for flush", "status": "checking"}
 
 
 @dataclass(frozen=True)
@@ -121,12 +125,15 @@ def fan_out(
     concurrency: int = 16,
     timeout_s: float = 10.0,
     stop_timeout_s: float = 600.0,
+    progress: Callable[[str, WorkerOutcome | None], None] | None = None,
 ) -> list[WorkerOutcome]:
     """Run ``action`` on every worker, at most ``concurrency`` at a time; outcomes in input order.
 
     Each call ends by its deadline (``timeout_s``; ``stop_timeout_s`` for ``stop``), so the whole
     run ends by about ``ceil(len(urls) / concurrency)`` deadlines. A start that meets a running
     profiler (409) stops it and starts again: up to ``2 * timeout_s + stop_timeout_s``.
+    ``progress(url, None)`` is called as a worker's call begins, ``progress(url, outcome)`` as it ends
+    (from the calling threads; it must not raise).
     """
     if action not in ACTIONS:
         raise ValueError(f"'action' must be one of {', '.join(ACTIONS)}: {action!r}")
@@ -136,8 +143,17 @@ def fan_out(
         raise ValueError(f"'concurrency' must be >= 1: {concurrency}")
     check_timeout(timeout_s, "timeout_s")
     check_timeout(stop_timeout_s, "stop_timeout_s")
+
+    def call(url: str) -> WorkerOutcome:
+        if progress is not None:
+            progress(url, None)
+        outcome = _act(action, url, prefix, timeout_s, stop_timeout_s)
+        if progress is not None:
+            progress(url, outcome)
+        return outcome
+
     with ThreadPoolExecutor(max_workers=min(concurrency, max(1, len(urls)))) as pool:
-        return list(pool.map(lambda url: _act(action, url, prefix, timeout_s, stop_timeout_s), urls))
+        return list(pool.map(call, urls))
 
 
 def render_table(outcomes: Sequence[WorkerOutcome]) -> str:
@@ -149,3 +165,32 @@ def render_table(outcomes: Sequence[WorkerOutcome]) -> str:
     failed = sum(not o.ok for o in outcomes)
     lines.append(f"{len(outcomes) - failed} of {len(outcomes)} workers ok" + (f", {failed} failed" if failed else ""))
     return "\n".join(lines)
+
+
+class EngineProgress:
+    """Per engine on a terminal (stderr, and stdout a terminal too): waiting, with the time elapsed,
+    then how it ended; nothing in pipes, with ``--json`` or ``--quiet`` (:mod:`instrument._progress`)."""
+
+    def __init__(self, action: str, *, quiet: bool = False) -> None:
+        shown = not quiet and sys.stdout.isatty() and wanted(sys.stderr)
+        self._action = action
+        self._display = Display(sys.stderr if shown else None, kind="elapsed")
+        self._tasks: dict[str, int | None] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> EngineProgress:
+        self._display.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._display.close()
+
+    def __call__(self, url: str, outcome: WorkerOutcome | None) -> None:
+        with self._lock:  # called from the fan-out threads
+            if outcome is None:
+                self._tasks[url] = self._display.add(f"{url}: {_WAITING.get(self._action, self._action)}")
+                return
+            task = self._tasks.get(url)
+        ended = ("flushed" if self._action == "stop" else "ok") if outcome.ok else "FAILED"
+        self._display.update(task, description=f"{url}: {ended} after {outcome.seconds:.1f} s")
+        self._display.stop_task(task)

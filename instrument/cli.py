@@ -89,6 +89,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     rollout.add_argument("--concurrency", type=int, default=16, metavar="N", help="workers called at once")
     rollout.add_argument("--json", action="store_true", help="print the outcomes as JSON")
+    rollout.add_argument("--quiet", action="store_true", help="no progress (it is only ever drawn on a terminal)")
     from instrument.analyze import _cli as analyze_cli  # standard library only: no rich, matplotlib or torch
 
     analyze = commands.add_parser(
@@ -227,14 +228,16 @@ def _run_rollout(args: argparse.Namespace) -> int:
     else:
         workers = [(url, True) for url in args.worker_url]
     healthy = [url for url, ok in workers if ok]
-    outcomes = _rollout.fan_out(
-        args.action,
-        healthy,
-        prefix=args.prefix,
-        concurrency=args.concurrency,
-        timeout_s=args.timeout,
-        stop_timeout_s=args.stop_timeout,
-    )
+    with _rollout.EngineProgress(args.action, quiet=args.quiet or args.json) as progress:
+        outcomes = _rollout.fan_out(
+            args.action,
+            healthy,
+            prefix=args.prefix,
+            concurrency=args.concurrency,
+            timeout_s=args.timeout,
+            stop_timeout_s=args.stop_timeout,
+            progress=progress,
+        )
     outcomes += [
         _rollout.WorkerOutcome(url, False, "the router reports it unhealthy: not contacted", 0.0)
         for url, ok in workers

@@ -8,6 +8,7 @@ that waits until the test has seen its progress, with the threshold passed in as
 from __future__ import annotations
 
 import contextlib
+import http.server
 import os
 import pty
 import re
@@ -15,8 +16,9 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -169,6 +171,66 @@ def test_a_hook_piped_shows_no_progress(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "of 90 s" not in done.stderr and "\x1b[" not in done.stderr
     assert done.stderr.splitlines()[:2] == ["[hook rank 0] started", "[hook rank 0] uploaded"]
+
+
+# --------------------------------------------------------------------------- instrument rollout stop
+
+
+@contextlib.contextmanager
+def _flushing_engine(release: Path) -> Iterator[str]:
+    """A vLLM-like server on loopback whose ``/stop_profile`` answers once ``release`` exists."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            deadline = time.monotonic() + GUARD_S
+            while self.path == "/stop_profile" and not release.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        release.touch()
+        server.shutdown()
+        server.server_close()
+
+
+def test_rollout_stop_on_a_terminal_shows_each_engine_waiting_for_its_flush(tmp_path: Path) -> None:
+    release = tmp_path / "flushed"
+    with _flushing_engine(release) as url:
+        argv = _instrument("rollout", "stop", "--worker-url", url)
+        out = _in_pty(argv, _env(), until=f"{url}: waiting for flush", then=release)
+    plain = ESCAPE.sub("", out)
+    assert f"{url}: waiting for flush" in plain  # seen before the engine answered: the stop waited for it
+    assert "1 of 1 workers ok" in plain
+
+
+def test_rollout_stop_piped_or_quiet_shows_no_progress(tmp_path: Path) -> None:
+    release = tmp_path / "flushed"
+    release.touch()
+    with _flushing_engine(release) as url:
+        done = subprocess.run(
+            _instrument("rollout", "stop", "--worker-url", url),
+            capture_output=True,
+            text=True,
+            env=_env(),
+            timeout=GUARD_S,
+            check=False,
+        )
+        quiet = _in_pty(_instrument("rollout", "stop", "--worker-url", url, "--quiet"), _env())
+    assert done.returncode == 0, done.stderr
+    assert "waiting for flush" not in done.stdout + done.stderr and "\x1b[" not in done.stderr
+    assert "waiting for flush" not in quiet and "1 of 1 workers ok" in quiet
 
 
 # --------------------------------------------------------------------------- the display itself
