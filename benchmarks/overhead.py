@@ -2,9 +2,10 @@
 
 Prints, for this machine:
   1. unprofiled step or rank: the added cost of ``@profiled_stage`` next to a plain
-     ``functools.wraps`` closure (goal: <= 1.5x), and ``profile_window`` (goal: <= 250 ns);
+     ``functools.wraps`` closure (goal: <= 1.5x), and ``profile_window`` (goal: <= 1.5x that closure);
      ``wrapt`` and ``torch.profiler.record_function`` for reference;
-  2. profiled step: the cost of one stage range (goal: <= 1.5 us);
+  2. profiled (continuous) step: one stage against a closure around the same ``_RecordFunctionFast``
+     range (goal: <= 1.2x);
   3. training-thread time per saved window against ``export_chrome_trace("x.json.gz")``
      on the same trace (goal: <= 1/5).
 
@@ -91,25 +92,41 @@ def _empty_loop_body() -> None:
 
 
 def profiled_range_cost() -> dict[str, float]:
-    """Per-stage nanoseconds inside a profiled (continuous-mode) step, profiler running."""
+    """Per-stage nanoseconds inside a profiled (continuous-mode) step, profiler running.
+
+    Every call adds an event to the open trace, and a growing trace makes later calls dearer: the
+    candidates are measured in turns (round robin, best of each), never one block after another.
+    """
+    from torch._C._profiler import _RecordFunctionFast
+
+    @functools.wraps(target)
+    def floor_closure(*args: Any, **kwargs: Any) -> Any:  # the floor: a closure around the same range
+        with _RecordFunctionFast("stage"):
+            return target(*args, **kwargs)
+
+    def fast() -> None:
+        with _RecordFunctionFast("x"):
+            pass
+
     with tempfile.TemporaryDirectory() as save:
         cfg = ins.ProfilerConfig(save_path=save, contents=("cpu",), steps=(1,), discrete=False)
         ins.configure(cfg, role="actor", rank=0, world_size=1)
         staged = ins.profiled_stage("stage")(target)
-        number = 20_000  # every call adds an event to the trace: keep it bounded
+        candidates: dict[str, Callable[[], Any]] = {
+            "bare": lambda: target(1),
+            "@profiled_stage (profiled step)": lambda: staged(1),
+            "_RecordFunctionFast alone": fast,
+            "closure around _RecordFunctionFast": lambda: floor_closure(1),
+        }
+        best = dict.fromkeys(candidates, float("inf"))
         with ins.profile_step(1):
             assert STATE.recording
-            bare = _best_ns(lambda: target(1), number)
-            stage = _best_ns(lambda: staged(1), number) - bare
-            from torch._C._profiler import _RecordFunctionFast
-
-            def fast() -> None:
-                with _RecordFunctionFast("x"):
-                    pass
-
-            raw = _best_ns(fast, number)
+            for _ in range(9):
+                for name, fn in candidates.items():
+                    best[name] = min(best[name], timeit.timeit(fn, number=3_000) / 3_000 * 1e9)
         instrument.testing.reset()
-    return {"@profiled_stage (profiled step)": stage, "_RecordFunctionFast alone": raw}
+    bare = best.pop("bare")
+    return {name: ns - (0 if name == "_RecordFunctionFast alone" else bare) for name, ns in best.items()}
 
 
 def export_costs() -> dict[str, float]:
@@ -146,7 +163,7 @@ def export_costs() -> dict[str, float]:
                 handler(profile)
                 handler_seconds.append(time.perf_counter() - start)
 
-            backend._on_trace_ready = timed_handler  # type: ignore[method-assign]
+            backend._on_trace_ready = timed_handler
             training_thread = update()
         (path,) = ins.finish()
 
@@ -184,11 +201,13 @@ def main() -> None:
         print(f"   {name:40s} {value:8.0f} ns")
     ratio = off["@profiled_stage (off)"] / off["functools.wraps closure"]
     print(f"   ratio @profiled_stage / functools.wraps closure = {ratio:.2f}   (goal <= 1.5)")
-    print(f"   profile_window (off) = {off['profile_window (off)']:.0f} ns   (goal <= 250 ns)")
+    window_ratio = off["profile_window (off)"] / off["functools.wraps closure"]
+    print(f"   ratio profile_window (off) / functools.wraps closure = {window_ratio:.2f}   (goal <= 1.5)")
     print("2. profiled step (ns per stage)")
     for name, value in on.items():
         print(f"   {name:40s} {value:8.0f} ns")
-    print(f"   goal: @profiled_stage (profiled step) <= 1500 ns -> {on['@profiled_stage (profiled step)']:.0f} ns")
+    stage_ratio = on["@profiled_stage (profiled step)"] / on["closure around _RecordFunctionFast"]
+    print(f"   ratio @profiled_stage / closure around _RecordFunctionFast = {stage_ratio:.2f}   (goal <= 1.2)")
     print("3. saving a window (one 4-mini-batch window of a small MLP update)")
     ours, theirs = export["training-thread time per saved window"], export["torch export_chrome_trace(.json.gz)"]
     handler = export["of which instrument's export"]

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+import itertools
 import time
 from collections.abc import Callable
 from contextvars import ContextVar
+from threading import get_ident
+from time import perf_counter
 from types import TracebackType
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from instrument import naming
 from instrument._run import RunInfo
@@ -197,6 +200,27 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool) -> Callable[...,
     def stage(*args: Any, **kwargs: Any) -> Any:
         if not state.engaged:
             return func(*args, **kwargs)
+        fast = state.fast
+        if fast is not None and (not state.fast_thread or state.fast_thread == get_ident()):
+            entry = fast.get(name)
+            if entry is not None:  # a range and nothing else: decided once per step (see _state)
+                if entry.__class__ is tuple:  # (push, attributes, pop): an NVTX domain range
+                    entry[0](entry[1])
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        entry[2]()
+                with entry(name):  # a range class such as torch's _RecordFunctionFast
+                    return func(*args, **kwargs)
+        observers = state.observers
+        if observers is not None and not state.recording:
+            observe = observers.get(name)
+            if observe is not None:  # stage metrics on an unprofiled step: time and observe, nothing else
+                started = perf_counter()
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    observe(perf_counter() - started)
         return _engaged_call(func, name, scheduled, args, kwargs)
 
     return stage
@@ -254,18 +278,25 @@ class _Window:
 
 
 class _Idle:
-    """The shared, do-nothing context manager of unprofiled steps and ranks."""
+    """The shared, do-nothing context manager of unprofiled steps and ranks.
+
+    Its ``__enter__`` and ``__exit__`` are C callables, set below, not Python methods: this is the
+    hot path of every mini-batch, and two Python calls would double its cost. ``__enter__``
+    returns the object itself; ``__exit__`` is ``"".format``, which ignores its three arguments and
+    returns ``""`` (false: exceptions pass through unchanged).
+    """
 
     __slots__ = ()
 
-    def __enter__(self) -> _Idle:
-        return self
+    if TYPE_CHECKING:  # what type checkers (ours and users') see
 
-    def __exit__(self, *exc_info: object) -> None:
-        return None
+        def __enter__(self) -> _Idle: ...
+        def __exit__(self, *exc_info: object) -> None: ...
 
 
 _IDLE = _Idle()
+_Idle.__enter__ = itertools.repeat(_IDLE).__next__  # type: ignore[assignment,method-assign]
+_Idle.__exit__ = "".format  # type: ignore[assignment,method-assign]
 
 
 def profile_window(*, mini_batch: int) -> _Window | _Idle:

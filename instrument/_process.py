@@ -112,6 +112,7 @@ def _forget_parent_run() -> None:
         session.forget_after_fork()
     STATE.session = None
     STATE.recording = STATE.engaged = False
+    STATE.fast = STATE.observers = None
 
 
 os.register_at_fork(after_in_child=_forget_parent_run)

@@ -218,6 +218,10 @@ class Session(StageTracing):
             backend.on_step(self.role, step)
             if not self.config.discrete and self._may_start(naming.CONTINUOUS_STAGE):
                 backend.start(self._spec(naming.CONTINUOUS_STAGE))
+                if self.metrics is None and hasattr(backend, "fast_range"):
+                    # Stages of this step need only a range: decorated calls open it themselves.
+                    STATE.fast_thread = 0 if getattr(backend, "ranges_per_thread", False) else threading.get_ident()
+                    STATE.fast = {}
             STATE.recording = STATE.engaged = True
         except Exception as exc:
             self._fail(f"could not start profiling step {step}", exc)
@@ -233,10 +237,10 @@ class Session(StageTracing):
         held = self._acquire()
         try:
             step, self.step = self.step, None
-            STATE.recording = False
+            STATE.recording, STATE.fast = False, None
             STATE.engaged = self.metrics is not None
             self._after_step(step, profiled=self.step_profiled)
-            self._stop_trace(f"could not save the trace of step {step}")  # no trace outlives its step
+            self._stop_trace("could not save the trace of step", str(step))  # no trace outlives its step
             self.step_profiled = False
         finally:
             self._release(held)
@@ -301,7 +305,7 @@ class Session(StageTracing):
         """Close whatever is open and wait for exports (a SIGTERM path: no finish hook)."""
         held = self._acquire()
         try:
-            STATE.recording = False
+            STATE.recording, STATE.fast = False, None
             owner = self._owner
             if owner is not None and owner.window_open:  # interrupted inside a mini-batch: the trace holds it
                 self.exit_window(owner, owner.close_window)
@@ -335,7 +339,7 @@ class Session(StageTracing):
                 self.finished = True
                 self._manifest.close()
                 if STATE.session is self:
-                    STATE.engaged = False
+                    STATE.engaged, STATE.observers = False, None
             return [os.path.join(self.config.save_path, record.path) for record in self.records]
 
 
@@ -364,8 +368,9 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         logger.warning("instrument: configure() called while a run was open; finishing that run first")
         previous.finish()
     session = Session(config, role=role, rank=rank, world_size=world_size)
-    STATE.recording = False
+    STATE.recording, STATE.fast = False, None
     STATE.engaged = session.metrics is not None
+    STATE.observers = None if session.metrics is None else session.metrics.observers
     STATE.session = session
     if config.on_demand:
         install_usr1()

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+from instrument._state import STATE
 from instrument.backends import Recorder, TraceSpec
 from instrument.config import ProfilerConfig
 
@@ -92,8 +93,11 @@ class StageTracing:
         )
         return False
 
-    def _stop_trace(self, what: str) -> None:
-        """Stop the open trace (caller holds the lock); guests still inside it become stale."""
+    def _stop_trace(self, what: str, of: str = "") -> None:
+        """Stop the open trace (caller holds the lock); guests still inside it become stale.
+
+        ``what`` (and ``of``, joined only on failure: no string is built per call) names the failure.
+        """
         backend, owner = self._backend, self._owner
         self._trace += 1
         self._stale += self._guests + (1 if owner is not None and not self._owner_left else 0)
@@ -107,7 +111,7 @@ class StageTracing:
             if owner is not None and owner.windowed and backend.windows_saved == 0:
                 self._report_never_recorded(owner)
         except Exception as exc:
-            self._fail(what, exc)
+            self._fail(f"{what} {of}" if of else what, exc)
 
     # ------------------------------------------------------------------ stages and windows
 
@@ -135,6 +139,9 @@ class StageTracing:
         if frame.trace >= 0 and (not frame.windowed or backend.stage_range_in_windows):
             try:
                 frame.close_range = backend.enter_range(name, concurrent=concurrent)
+                fast = STATE.fast
+                if fast is not None and name not in fast:  # the next calls of this stage open the range alone
+                    fast[name] = backend.fast_range(name)  # type: ignore[attr-defined]
             except Exception as exc:
                 self._fail(f"could not start stage {name!r}", exc)
         return frame
@@ -164,7 +171,7 @@ class StageTracing:
                     self._guests -= 1
                 if self._owner_left and self._guests == 0:
                     owner = self._owner.name if self._owner is not None else frame.name
-                    self._stop_trace(f"could not save the trace of stage {owner!r}")
+                    self._stop_trace("could not save the trace of stage", repr(owner))
         finally:
             self._release(held)
 
@@ -186,14 +193,20 @@ class StageTracing:
         stack = _STAGES.get()
         frame = stack[-1] if stack else None
         backend = self._backend
-        if backend is None or frame is None or frame.trace != self._trace:
+        if backend is None:
             return frame, None
+        if frame is None or frame.trace != self._trace:
+            # A stage that opened its own range (fast path) keeps no frame: in the step's trace, a range.
+            if STATE.fast is None or not backend.tracing:
+                return frame, None
+            frame = None
         close = None
         try:
-            close = backend.enter_range(f"mini_batch{mini_batch}", concurrent=frame.concurrent)
+            close = backend.enter_range(f"mini_batch{mini_batch}", concurrent=frame is not None and frame.concurrent)
         except Exception as exc:
             self._fail("could not record a mini-batch range", exc)
-        frame.window_open, frame.close_window = True, close
+        if frame is not None:
+            frame.window_open, frame.close_window = True, close
         return frame, close
 
     def exit_window(self, frame: _Frame | None, close_range: Callable[[], None] | None) -> None:

@@ -9,14 +9,23 @@ __all__ = ["STATE"]
 
 class _State:
     """``recording``: a profiled step is open on this rank; ``engaged``: recording, or stage metrics
-    on (decorated calls take the slow path); ``session``: the run of this process, if any."""
+    on (decorated calls leave the disabled path); ``session``: the run of this process, if any.
 
-    __slots__ = ("engaged", "recording", "session")
+    ``fast``: on a profiled step whose stages need nothing but a range (continuous mode, no
+    metrics), stage name -> how to open its range, filled by the first call of each name; read
+    by decorated calls on ``fast_thread`` (0: any thread) instead of the session's bookkeeping.
+    ``observers``: with stage metrics on, the same idea for unprofiled steps (time and observe).
+    """
+
+    __slots__ = ("engaged", "fast", "fast_thread", "observers", "recording", "session")
 
     def __init__(self) -> None:
         self.recording = False
         self.engaged = False
         self.session: Any = None  # instrument._session.Session (not imported: no cycle)
+        self.fast: dict[str, Any] | None = None
+        self.fast_thread = 0
+        self.observers: dict[str, Any] | None = None  # with stage metrics: stage -> bound observe
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         # Decorated methods hold this object in their closure, and Ray pickles worker classes

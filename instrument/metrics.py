@@ -81,7 +81,8 @@ class StageMetrics:
         self._labels: tuple[str, ...] = (role, str(rank)) if rank_label else (role,)
         self._role, self._rank_label, self._rank = role, rank_label, rank
         self._stage_family = families["stage"]
-        self._stage_observers: dict[str, Callable[[float], None]] = {}
+        self.observers: dict[str, Callable[[float], None]] = {}
+        """Stage name -> its bound ``observe``; decorated calls read it directly once a stage is in it."""
         self.step = families["step"].labels(*self._labels)
         self.steps = families["steps"].labels(*self._labels)
         self.windows = families["windows"].labels(*self._labels)
@@ -90,10 +91,10 @@ class StageMetrics:
 
     def stage_observer(self, stage: str) -> Callable[[float], None]:
         """The bound ``observe`` of a stage's histogram child (created once per stage)."""
-        observe = self._stage_observers.get(stage)
+        observe = self.observers.get(stage)
         if observe is None:
             labels = (self._role, stage, str(self._rank)) if self._rank_label else (self._role, stage)
-            observe = self._stage_observers[stage] = self._stage_family.labels(*labels).observe
+            observe = self.observers[stage] = self._stage_family.labels(*labels).observe
         return observe
 
 

@@ -41,6 +41,7 @@ def reset() -> None:
     STATE.session = None
     STATE.recording = False
     STATE.engaged = False
+    STATE.fast = STATE.observers = None
     uninstall_process_hooks()
 
 

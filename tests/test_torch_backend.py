@@ -252,3 +252,24 @@ def test_sigterm_during_a_window_flushes_it(tmp_path: Path) -> None:
     assert len(traces) == 1
     assert "_mb0-2_partial_" in traces[0]
     assert {"mini_batch0", "mini_batch2"} <= event_names(tmp_path / traces[0])
+
+
+def test_continuous_steps_record_every_call_and_window_through_the_fast_path(tmp_path: Path) -> None:
+    """After a stage's first call on a continuous step its range opens without the session: same trace."""
+    import threading
+
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu",), steps=(1,), discrete=False)
+    ins.configure(cfg, role="actor", rank=0, world_size=1)
+    worker = Worker()
+    with ins.profile_step(1):
+        for _ in range(3):
+            worker.update_actor(2)
+        other = threading.Thread(target=worker.update_actor, args=(1,))  # another thread: the counted path
+        other.start()
+        other.join()
+    (path,) = ins.finish()
+    events = [e for e in load_trace(path)["traceEvents"] if e.get("ph") == "X"]
+    names = [e["name"] for e in events]
+    assert names.count("update_actor") == 4
+    assert names.count("mini_batch0") == 4 and names.count("mini_batch1") == 3
+    assert len({e["tid"] for e in events if e["name"] == "update_actor"}) == 2

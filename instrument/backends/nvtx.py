@@ -128,6 +128,12 @@ class NvtxBackend:
         self._attributes[key] = attributes
         return attributes
 
+    ranges_per_thread = True  # push/pop belong to the calling thread and to no trace: any thread may take them
+
+    def fast_range(self, name: str) -> tuple[Callable[[Any], None], Any, Callable[[], None]]:
+        """What a decorated call opens by itself on a continuous step: push, its attributes, pop."""
+        return (self._domain.push_range, self._attributes_for(name), self._domain.pop_range)
+
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
         """Open a range ``"{name} step{S}"``; push/pop, or start/end when ``concurrent`` (coroutines)."""
         attributes = self._attributes_for(name)

@@ -165,6 +165,10 @@ class TorchBackend:
             self._stopping = False
             self._spec = None
 
+    def fast_range(self, name: str) -> Any:
+        """What a decorated call opens by itself on a continuous step: the range class, or None (slow path)."""
+        return _FastRange
+
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
         """Open a range now; the returned function closes it (cheaper than a generator context)."""
         if _FastRange is not None:
