@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -148,7 +149,11 @@ def _free_port() -> int:
 
 
 def _profiled_rank(rank: int, world: int, out: str, port: int) -> None:
-    """One rank of a tiny RL loop under the real profiler; the straggler does 10x the work."""
+    """One rank of a tiny RL loop under the real profiler; the straggler is busy 0.5 s longer before the barrier.
+
+    Its extra time is a sleep, a lower bound however loaded the machine is: the test names the straggler
+    without racing the clock (the others' few milliseconds of work would have to stretch 100-fold).
+    """
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
@@ -171,7 +176,9 @@ def _profiled_rank(rank: int, world: int, out: str, port: int) -> None:
         for _ in range(steps + 1):
             dist.barrier()  # every step starts together
             with record_function("generate_sequences"):
-                work(400 if rank == 1 else 40)
+                work(40)
+                if rank == 1:
+                    time.sleep(0.5)
                 dist.barrier()
             with record_function("update_actor"):
                 work(20)
