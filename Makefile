@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 VLLM_VENV  := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: test test-fast lint demo demo-ray clean
+.PHONY: test test-fast test-gpu lint demo demo-ray clean
 
 # torch first, pinned: pip takes the CPU wheel on disk instead of a multi-GB CUDA build.
 $(STAMP): pyproject.toml Makefile
@@ -37,6 +37,12 @@ test: lint $(VLLM_STAMP)
 
 test-fast: lint
 	$(BIN)/python -m pytest -m "not slow"
+
+# Only the tests marked `gpu`, with the .venv as it is: on a GPU machine make it with a CUDA build of
+# torch first (docs/quickstart.md, "GPU checks"); the $(STAMP) rule would install the CPU wheel.
+test-gpu:
+	@test -x $(BIN)/python || { echo "make test-gpu: no $(VENV); see docs/quickstart.md, GPU checks" >&2; exit 2; }
+	$(BIN)/python -m pytest -m gpu
 
 # The main job: a small profiled PPO loop on the CPU, examples/ppo_demo.py (its scratch folder is cleared first).
 demo: $(STAMP)

@@ -222,9 +222,14 @@ class _Stub(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def stub_server() -> Iterator[type[_Stub]]:
     """The stub's handler class (its routes, held requests and release) once it serves on ``url``."""
-    handler = type(
-        "Handler", (_Stub,), {"routes": {}, "held": [], "release": threading.Event(), "answered": [], "url": ""}
-    )
+
+    class Handler(_Stub):  # a class per test: its own routes and held requests
+        routes: ClassVar[dict[str, tuple[int, dict[str, str], bytes]]] = {}
+        held: ClassVar[list[str]] = []
+        release: ClassVar[threading.Event] = threading.Event()
+        answered: ClassVar[list[str]] = []
+
+    handler = Handler
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
     handler.url = f"http://127.0.0.1:{server.server_address[1]}"
     thread = threading.Thread(target=server.serve_forever, daemon=True)
