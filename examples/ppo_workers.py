@@ -183,13 +183,13 @@ class CriticWorker:
         self.generator = generator
         self.optimizer = torch.optim.Adam(critic.parameters(), lr=CRITIC_LR)
 
-    @ins.profiled_stage("compute_values")
+    @ins.profiled_stage("compute_values", role="critic")  # its own worker group in verl, even in one process
     def compute_values(self, sequences: torch.Tensor) -> torch.Tensor:
         """Values of the states before every response token."""
         with torch.no_grad():
             return _values(self.critic, sequences)
 
-    @ins.profiled_stage("update_critic", scheduled=True)
+    @ins.profiled_stage("update_critic", scheduled=True, role="critic")
     def update_critic(self, sequences: torch.Tensor, returns: torch.Tensor) -> float:
         """One epoch over ``NUM_MINI_BATCHES`` mini-batches; returns the mean loss."""
         losses = []

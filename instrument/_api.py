@@ -100,12 +100,14 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     """Mark a stage of work: ``@profiled_stage("update_actor", scheduled=True)`` or ``with profiled_stage("gen"):``.
 
     ``scheduled=True`` marks an update stage whose ``profile_window`` calls advance the schedule.
-    Works on functions, methods, static and class methods and ``async def`` coroutines.
+    ``role="critic"`` names the stage's traces after another role than the process's: a single
+    process that runs several verl roles (a fused trainer) keeps them apart. Works on functions,
+    methods, static and class methods and ``async def`` coroutines.
     """
 
-    __slots__ = ("name", "scheduled")
+    __slots__ = ("name", "role", "scheduled")
 
-    def __init__(self, name: str, *, scheduled: bool = False) -> None:
+    def __init__(self, name: str, *, scheduled: bool = False, role: str | None = None) -> None:
         if callable(name):
             raise TypeError(
                 'profiled_stage needs a stage name: write @profiled_stage("update_actor"), '
@@ -116,11 +118,15 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
         naming.check_label("name", name)  # fails now, not at the first profiled step
         if not isinstance(scheduled, bool):
             raise TypeError(f"'scheduled' must be true or false: {scheduled!r}")
+        if role is not None:
+            naming.check_label("role", role)
         self.name = name
         self.scheduled = scheduled
+        self.role = role
 
     def __repr__(self) -> str:
-        return f"profiled_stage({self.name!r}, scheduled={self.scheduled})"
+        role = "" if self.role is None else f", role={self.role!r}"
+        return f"profiled_stage({self.name!r}, scheduled={self.scheduled}{role})"
 
     # -- as a context manager
 
@@ -129,7 +135,7 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
         if not STATE.engaged or session is None:
             entry = None
         else:
-            frame = session.enter_stage(self.name, self.scheduled) if STATE.recording else None
+            frame = session.enter_stage(self.name, self.scheduled, role=self.role) if STATE.recording else None
             entry = (frame, time.perf_counter())
         # One object may be entered by several threads or tasks at once: entries are context-local.
         _WITH_ENTRIES.set((*_WITH_ENTRIES.get(), (self, entry)))
@@ -171,10 +177,10 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
             return classmethod(self(func.__func__))
         if not callable(func):
             raise TypeError(f"profiled_stage({self.name!r}) decorates a callable, not {func!r}")
-        return _wrap(func, self.name, self.scheduled)
+        return _wrap(func, self.name, self.scheduled, self.role)
 
 
-def _wrap(func: Callable[..., Any], name: str, scheduled: bool) -> Callable[..., Any]:
+def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None) -> Callable[..., Any]:
     # Only plain values in the closure: Ray pickles worker classes by value.
     state = STATE
     if inspect.iscoroutinefunction(func):
@@ -184,7 +190,7 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool) -> Callable[...,
             session = state.session
             if not state.engaged or session is None:
                 return await func(*args, **kwargs)
-            frame = session.enter_stage(name, scheduled, concurrent=True) if state.recording else None
+            frame = session.enter_stage(name, scheduled, concurrent=True, role=role) if state.recording else None
             started = time.perf_counter()
             try:
                 return await func(*args, **kwargs)  # the range covers the awaited work
@@ -221,17 +227,19 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool) -> Callable[...,
                     return func(*args, **kwargs)
                 finally:
                     observe(perf_counter() - started)
-        return _engaged_call(func, name, scheduled, args, kwargs)
+        return _engaged_call(func, name, scheduled, role, args, kwargs)
 
     return stage
 
 
-def _engaged_call(func: Callable[..., Any], name: str, scheduled: bool, args: Any, kwargs: Any) -> Any:
+def _engaged_call(
+    func: Callable[..., Any], name: str, scheduled: bool, role: str | None, args: Any, kwargs: Any
+) -> Any:
     """A decorated call on a profiled step, or with stage metrics on."""
     session = STATE.session
     if session is None:
         return func(*args, **kwargs)
-    frame = session.enter_stage(name, scheduled) if STATE.recording else None
+    frame = session.enter_stage(name, scheduled, role=role) if STATE.recording else None
     if session.metrics is None:  # the common profiled case: no clock reads
         try:
             return func(*args, **kwargs)

@@ -89,7 +89,7 @@ class Session(StageTracing):
         self.failures = 0  # SDK failures this run absorbed (each kind warned about once)
         self._warned: set[str] = set()
         self._never_recorded: set[str] = set()
-        self._specs: dict[tuple[str, int | None, bool, bool], TraceSpec] = {}
+        self._specs: dict[tuple[str, int | None, bool, bool, str | None], TraceSpec] = {}
         self.step_triggered = False
         self.triggers = Triggers(config, rank)
         self._step_started = 0.0
@@ -172,19 +172,19 @@ class Session(StageTracing):
             self.metrics.bytes.inc(record.bytes)
         self._manifest.append(record)
 
-    def _spec(self, stage: str, schedule: Any = None) -> TraceSpec:
-        key = (stage, self.step, schedule is not None, self.step_triggered)
+    def _spec(self, stage: str, schedule: Any = None, role: str | None = None) -> TraceSpec:
+        key = (stage, self.step, schedule is not None, self.step_triggered, role)
         spec = self._specs.get(key)
         if spec is None:
             if len(self._specs) > 1024:
                 self._specs.clear()
-            spec = self._specs[key] = self._new_spec(stage, schedule)
+            spec = self._specs[key] = self._new_spec(stage, schedule, role)
         return spec
 
-    def _new_spec(self, stage: str, schedule: Any) -> TraceSpec:
+    def _new_spec(self, stage: str, schedule: Any, role: str | None) -> TraceSpec:
         return TraceSpec(
             save_path=self.config.save_path,
-            role=self.role,
+            role=self.role if role is None else role,
             stage=stage,
             step=self.step if self.step is not None else 0,
             rank=self.rank,

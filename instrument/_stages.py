@@ -115,7 +115,7 @@ class StageTracing:
 
     # ------------------------------------------------------------------ stages and windows
 
-    def enter_stage(self, name: str, scheduled: bool, *, concurrent: bool = False) -> _Frame:
+    def enter_stage(self, name: str, scheduled: bool, *, concurrent: bool = False, role: str | None = None) -> _Frame:
         """A stage begins inside a profiled step; ``concurrent`` for coroutines (ranges not per thread)."""
         frame = _Frame(name, scheduled, concurrent)
         _STAGES.set((*_STAGES.get(), frame))
@@ -129,7 +129,7 @@ class StageTracing:
                 frame.trace = self._trace
             elif self.config.discrete and self.step_profiled and self._may_start(name):
                 windowed = scheduled and self.config.schedule is not None
-                backend.start(self._spec(name, self.config.schedule if windowed else None))
+                backend.start(self._spec(name, self.config.schedule if windowed else None, role))
                 frame.traced, frame.windowed, frame.trace = True, windowed, self._trace
                 self._owner = frame
         except Exception as exc:

@@ -244,3 +244,24 @@ def test_disabled_path_leaves_no_state_behind(tmp_path: Path) -> None:
         assert ins.profile_window(mini_batch=0) is ins.profile_window(mini_batch=1)  # the shared idle manager
     assert ins.finish() == []
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_a_stage_may_carry_another_role_than_its_process(tmp_path: Path) -> None:
+    """A fused single-process trainer keeps verl's roles apart: the critic's stages are the critic's."""
+    ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu",), steps=(1,)), role="actor", rank=0)
+
+    @ins.profiled_stage("update_critic", role="critic")
+    def update_critic() -> None:
+        pass
+
+    with ins.profile_step(1):
+        update_critic()
+        with ins.profiled_stage("compute_values", role="critic"):
+            pass
+        with ins.profiled_stage("update_actor"):
+            pass
+    names = sorted(Path(p).name.split("_step")[0] for p in ins.finish())
+    assert names == ["actor_update-actor", "critic_compute-values", "critic_update-critic"]
+    assert repr(ins.profiled_stage("x", role="critic")) == "profiled_stage('x', scheduled=False, role='critic')"
+    with pytest.raises(ValueError, match="'role' must not contain"):
+        ins.profiled_stage("x", role='a"b')

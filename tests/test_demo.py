@@ -76,9 +76,12 @@ def test_traces_only_for_profiled_steps_with_stage_names(demo: tuple[DemoResult,
     expected |= {(s, stage, (2, 3)) for s in (2, 4) for stage in UPDATES}
     assert seen == expected
     assert len(on_disk) == len(expected)  # one trace per stage and profiled step, no more
-    assert all(
-        n is not None and (n.role, n.rank, n.world_size, n.partial) == ("actor-rollout-ref", 0, 1, False) for n in names
-    )
+    assert all(n is not None and (n.rank, n.world_size, n.partial) == (0, 1, False) for n in names)
+    critic = {"compute-values", "update-critic"}  # the critic's stages carry its role, as in verl's worker groups
+    assert {(n.stage in critic, n.role) for n in names if n is not None} == {
+        (False, "actor-rollout-ref"),
+        (True, "critic"),
+    }
     assert any("update-actor" in p.name and "_mb2-3_" in p.name for p in on_disk)
 
 
@@ -98,7 +101,11 @@ def test_manifest_lists_every_trace(demo: tuple[DemoResult, str]) -> None:
     assert result.manifest.name.startswith("instrument-manifest-") and result.manifest.suffix == ".jsonl"
     records = [json.loads(line) for line in result.manifest.read_text(encoding="utf-8").splitlines()]
     assert {Path(r["path"]).name for r in records} == {p.name for p in result.traces}
-    assert {r["role"] for r in records} == {"actor_rollout_ref"}
+    assert {(r["stage"], r["role"]) for r in records if r["role"] == "critic"} == {
+        ("compute_values", "critic"),
+        ("update_critic", "critic"),
+    }
+    assert {r["role"] for r in records} == {"actor_rollout_ref", "critic"}
 
 
 def test_finish_hook_archives_the_traces(demo: tuple[DemoResult, str]) -> None:
