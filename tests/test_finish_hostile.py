@@ -92,7 +92,8 @@ def _watchdog(d: Path) -> int:
     pid = _read_pid(d / "parent")
     with contextlib.suppress(OSError):  # gone already: fine, as long as it was the watchdog's pid
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert os.fsencode(os.path.abspath(_reaper.__file__)) in argv, f"the hook's parent {pid} is no watchdog"
+        if argv != [b""]:  # empty: it has exited and waits to be reaped (a loaded machine gets there later)
+            assert os.fsencode(os.path.abspath(_reaper.__file__)) in argv, f"the hook's parent {pid} is no watchdog"
     return pid
 
 
