@@ -273,3 +273,13 @@ def test_continuous_steps_record_every_call_and_window_through_the_fast_path(tmp
     assert names.count("update_actor") == 4
     assert names.count("mini_batch0") == 4 and names.count("mini_batch1") == 3
     assert len({e["tid"] for e in events if e["name"] == "update_actor"}) == 2
+
+
+def test_memory_contents_record_memory_events(tmp_path: Path) -> None:
+    """``profile_all_threads`` silences torch's [memory] events: it is left off when memory is asked for."""
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu", "memory"), steps=(1,))
+    ins.configure(cfg, role="actor", rank=0, world_size=1)
+    with ins.profile_step(1), ins.profiled_stage("compute_log_prob"):
+        torch.randn(64, 64) @ torch.randn(64, 64)
+    (path,) = ins.finish()
+    assert "[memory]" in event_names(path)
