@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TextIO
 
 from instrument._progress import Display, human_bytes, wanted
+from instrument.analyze._ray import RayUnavailableError
 from instrument.analyze._report import analyze
 
 __all__ = ["DEFAULT_PNG", "add_arguments", "main_from_args", "parse_int_list"]
@@ -31,6 +32,7 @@ examples:
   instrument analyze outputs/profile --ranks 0,2 --steps 2-4 --stage update_actor --html report.html
   instrument analyze outputs/profile --json > analysis.json
   instrument analyze outputs/profile --layout tensorboard tb-runs   # then: tensorboard --logdir tb-runs
+  instrument analyze /shared/profile --ray auto      # files read as Ray tasks on the running cluster
 
 Exit status: 0 all files read, 1 some skipped (named on stderr), 2 bad arguments or unreadable directory.
 """
@@ -78,6 +80,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--html", metavar="PATH", help="also write one self-contained HTML page")
     parser.add_argument(
         "--jobs", type=int, metavar="N", help="processes reading files (default: CPUs up to 8 for large sets)"
+    )
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        metavar="ADDRESS",
+        help="read the files as Ray tasks across a cluster (ADDRESS: auto, ray://head:10001, ...; none: Ray's "
+        "default); DIR must be on a filesystem every node mounts at the same path (see docs/scale.md)",
     )
     parser.add_argument(
         "--layout",
@@ -185,23 +195,42 @@ class _Reading:
             )
 
 
+def _wrong_arguments(args: argparse.Namespace, ray: str | bool | None) -> str | None:
+    """What is wrong with the arguments taken together, or ``None``."""
+    if args.jobs is not None and args.jobs < 1:
+        return f"--jobs must be >= 1: {args.jobs}"
+    if args.no_png and args.png:
+        return "--png and --no-png contradict each other"
+    if ray is not None and args.jobs is not None:
+        return "--ray and --jobs contradict each other: the cluster's CPUs read the files"
+    if ray is not None and getattr(args, "layout", None):
+        return "--layout links files and reads none: drop --ray"
+    return None
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``instrument analyze`` with parsed arguments; returns the exit status."""
-    if args.jobs is not None and args.jobs < 1:
-        return _error(f"--jobs must be >= 1: {args.jobs}")
-    if args.no_png and args.png:
-        return _error("--png and --no-png contradict each other")
+    ray = getattr(args, "ray", None)
+    wrong = _wrong_arguments(args, ray)
+    if wrong is not None:
+        return _error(wrong)
     if getattr(args, "layout", None):
         return _export(args)
     reading = _Reading(quiet=args.quiet or args.json)
     try:
         try:
             report = analyze(
-                args.directory, ranks=args.ranks, steps=args.steps, stages=args.stage, jobs=args.jobs, progress=reading
+                args.directory,
+                ranks=args.ranks,
+                steps=args.steps,
+                stages=args.stage,
+                jobs=args.jobs,
+                progress=reading,
+                ray=ray,
             )
         finally:
             reading.close()  # before any other line, so the display never mixes with them
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RayUnavailableError) as exc:
         return _error(str(exc))
     for skipped in report.skipped:
         _say(f"instrument analyze: skipped {_printable(skipped.path)}: {_printable(skipped.reason)}", sys.stderr)

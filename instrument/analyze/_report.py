@@ -212,6 +212,7 @@ def analyze(
     all_ranks: bool = True,
     jobs: int | None = None,
     progress: ReadProgress | None = None,
+    ray: str | bool | None = None,
 ) -> Report:
     """Analyse the traces in ``path`` (a ``save_path``).
 
@@ -226,6 +227,10 @@ def analyze(
     script with ``if __name__ == "__main__":``, or pass ``jobs=1``).
 
     ``progress`` (a :class:`ReadProgress`) hears when reading begins and as each file is done.
+
+    ``ray``: read the files as Ray tasks instead, on the cluster at this address (``True``: Ray's own
+    choice, see :func:`instrument.analyze._ray.scan_on_ray`); every node must see ``path`` at the same
+    place. The report is the same; ``jobs`` is then the cluster's CPUs. See ``docs/scale.md``.
 
     Files that cannot be read are listed in :attr:`Report.skipped` with the reason; raises
     ``NotADirectoryError`` / ``OSError`` when ``path`` is no readable directory and ``ValueError``
@@ -256,7 +261,14 @@ def analyze(
     if progress is not None:
         progress.begin(len(unique), total)
     fold = Fold(filters)
-    for trace, result in zip(unique, _scan_all(unique, jobs, filters.stages, progress), strict=True):
+    results: Iterable[FileScan | Skipped]
+    if ray is not None and ray is not False:
+        from instrument.analyze._ray import scan_on_ray  # imports ray itself only when called
+
+        results, jobs = scan_on_ray(unique, filters.stages, progress, [_size(t.path) for t in unique], ray)
+    else:
+        results = _scan_all(unique, jobs, filters.stages, progress)
+    for trace, result in zip(unique, results, strict=True):
         if isinstance(result, Skipped):
             skipped.append(result)
         else:
