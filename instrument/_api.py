@@ -21,6 +21,7 @@ from instrument import naming
 from instrument._run import RunInfo
 from instrument._session import Session, start_session
 from instrument._state import STATE
+from instrument.backends import TraceSpec
 from instrument.config import ProfilerConfig
 
 __all__ = [
@@ -47,7 +48,36 @@ def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, wor
     the SDK does raises into training. Call again after :func:`finish` for a new run.
     Returns a read-only :class:`RunInfo`.
     """
-    return RunInfo(start_session(config, role=role, rank=rank, world_size=world_size))
+    session = start_session(config, role=role, rank=rank, world_size=world_size)
+    _watch_out_of_memory(session)
+    return RunInfo(session)
+
+
+def _watch_out_of_memory(session: Session) -> None:
+    """Hand the run's memory options to the memory recorder and, with ``memory.on_oom``, install the OOM snapshot."""
+    previous, STATE.on_oom = STATE.on_oom, None
+    if previous is not None:
+        previous.close()
+    memory = session.config.memory
+    STATE.memory = memory
+    if memory is None or not memory.on_oom or not session.config.enable:
+        return
+    try:
+        from instrument.backends.memory import OomSnapshots  # imports torch: only when asked for
+
+        def spec(stage: str, role: str | None) -> TraceSpec | None:
+            return None if session.finished else session._new_spec(stage, None, role)
+
+        STATE.on_oom = OomSnapshots(memory, spec=spec, publish=session.publish, report=session._fail)
+    except Exception as exc:
+        session._fail("cannot save memory snapshots at out-of-memory errors", exc)
+
+
+def _left_with(exc: BaseException, name: str, role: str | None) -> None:
+    """An exception leaves a stage: the out-of-memory snapshot decides (never raises: ``STATE.on_oom`` catches)."""
+    on_oom = STATE.on_oom
+    if on_oom is not None:
+        on_oom(exc, name, role)
 
 
 def current_run() -> RunInfo | None:
@@ -144,6 +174,8 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        if exc is not None and STATE.on_oom is not None:  # before the exception goes on (returns None: unchanged)
+            STATE.on_oom(exc, self.name, self.role)
         entries = _WITH_ENTRIES.get()
         for i in range(len(entries) - 1, -1, -1):
             if entries[i][0] is self:
@@ -187,47 +219,59 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
 
         @functools.wraps(func)
         async def stage_coroutine(*args: Any, **kwargs: Any) -> Any:
-            session = state.session
-            if not state.engaged or session is None:
-                return await func(*args, **kwargs)
-            frame = session.enter_stage(name, scheduled, concurrent=True, role=role) if state.recording else None
-            started = time.perf_counter()
-            try:
-                return await func(*args, **kwargs)  # the range covers the awaited work
-            finally:
-                if session.metrics is not None:
-                    _stage_done(session, name, frame, started)
-                elif frame is not None:
-                    session.exit_stage(frame)
+            try:  # free until something raises (zero-cost exceptions): the OOM snapshot's hook
+                session = state.session
+                if not state.engaged or session is None:
+                    return await func(*args, **kwargs)
+                frame = session.enter_stage(name, scheduled, concurrent=True, role=role) if state.recording else None
+                started = time.perf_counter()
+                try:
+                    return await func(*args, **kwargs)  # the range covers the awaited work
+                finally:
+                    if session.metrics is not None:
+                        _stage_done(session, name, frame, started)
+                    elif frame is not None:
+                        session.exit_stage(frame)
+            except RuntimeError as exc:  # torch.OutOfMemoryError is one
+                if state.on_oom is not None:
+                    _left_with(exc, name, role)
+                raise  # bare: the same object and traceback
 
         return stage_coroutine
 
     @functools.wraps(func)
     def stage(*args: Any, **kwargs: Any) -> Any:
-        if not state.engaged:
-            return func(*args, **kwargs)
-        fast = state.fast
-        if fast is not None and (not state.fast_thread or state.fast_thread == get_ident()):
-            entry = fast.get(name)
-            if entry is not None:  # a range and nothing else: decided once per step (see _state)
-                if entry.__class__ is tuple:  # (push, attributes, pop): an NVTX domain range
-                    entry[0](entry[1])
+        # Python >= 3.11 enters a try block for free (zero-cost exceptions): the disabled path costs
+        # what it did before; only an exception leaving the stage reaches the OOM snapshot's hook.
+        try:
+            if not state.engaged:
+                return func(*args, **kwargs)
+            fast = state.fast
+            if fast is not None and (not state.fast_thread or state.fast_thread == get_ident()):
+                entry = fast.get(name)
+                if entry is not None:  # a range and nothing else: decided once per step (see _state)
+                    if entry.__class__ is tuple:  # (push, attributes, pop): an NVTX domain range
+                        entry[0](entry[1])
+                        try:
+                            return func(*args, **kwargs)
+                        finally:
+                            entry[2]()
+                    with entry(name):  # a range class such as torch's _RecordFunctionFast
+                        return func(*args, **kwargs)
+            observers = state.observers
+            if observers is not None and not state.recording:
+                observe = observers.get(name)
+                if observe is not None:  # stage metrics on an unprofiled step: time and observe, nothing else
+                    started = perf_counter()
                     try:
                         return func(*args, **kwargs)
                     finally:
-                        entry[2]()
-                with entry(name):  # a range class such as torch's _RecordFunctionFast
-                    return func(*args, **kwargs)
-        observers = state.observers
-        if observers is not None and not state.recording:
-            observe = observers.get(name)
-            if observe is not None:  # stage metrics on an unprofiled step: time and observe, nothing else
-                started = perf_counter()
-                try:
-                    return func(*args, **kwargs)
-                finally:
-                    observe(perf_counter() - started)
-        return _engaged_call(func, name, scheduled, role, args, kwargs)
+                        observe(perf_counter() - started)
+            return _engaged_call(func, name, scheduled, role, args, kwargs)
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one; the hook checks the class
+            if state.on_oom is not None:
+                _left_with(exc, name, role)
+            raise  # bare: the same object and traceback
 
     return stage
 

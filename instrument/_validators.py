@@ -30,7 +30,7 @@ __all__ = [
     "to_sorted_tuple",
 ]
 
-TOOLS = ("none", "nvtx", "torch")
+TOOLS = ("none", "nvtx", "nvtx+torch_memory", "torch", "torch+torch_memory", "torch_memory")
 """Allowed values of ``ProfilerConfig.tool``."""
 
 CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")

@@ -20,6 +20,7 @@ import attrs
 
 from instrument import _config_file, _verl
 from instrument import ranks as _ranks
+from instrument._memory_config import MemorySnapshots
 from instrument._overrides import format_value, parse_value, string_value
 from instrument._validators import (
     CONTENTS,
@@ -45,6 +46,7 @@ __all__ = [
     "TOOLS",
     "SlowStep",
     "FinishHook",
+    "MemorySnapshots",
     "ProfilerConfig",
     "Schedule",
     "parse_value",
@@ -142,6 +144,10 @@ def _to_finish_hook(value: Any) -> Any:
     return _from_mapping(FinishHook, value, "finish_hook")
 
 
+def _to_memory(value: Any) -> Any:
+    return _from_mapping(MemorySnapshots, value, "memory")
+
+
 def _optional_instance(cls: type) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
     def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is not None and not isinstance(value, cls):
@@ -179,6 +185,9 @@ class ProfilerConfig:
     trigger: SlowStep | None = attrs.field(default=None, converter=_to_trigger, validator=_optional_instance(SlowStep))
     on_demand: bool = attrs.field(default=False, validator=boolean)
     max_triggered: int = attrs.field(default=3, validator=int_at_least(0))
+    memory: MemorySnapshots | None = attrs.field(
+        default=None, converter=_to_memory, validator=_optional_instance(MemorySnapshots)
+    )
 
     def __attrs_post_init__(self) -> None:
         if self.active:
@@ -378,6 +387,7 @@ _MERGE_RULES: dict[str, Callable[[ProfilerConfig, ProfilerConfig, bool], Any]] =
     ),
     # Like a schedule: no window records every engine iteration, so it wins a union.
     "token_window": lambda a, b, union: _merge_schedule(a.token_window, b.token_window, union, "token_window"),
+    "memory": lambda a, b, union: _merge_optional(a.memory, b.memory, union, "memory"),
 }
 
 
@@ -397,7 +407,7 @@ def _merge(a: ProfilerConfig, b: ProfilerConfig, union: bool) -> ProfilerConfig:
 
 # --------------------------------------------------------------------------- keys and values
 
-_NESTED = {"schedule": Schedule, "finish_hook": FinishHook, "trigger": SlowStep}
+_NESTED = {"schedule": Schedule, "finish_hook": FinishHook, "trigger": SlowStep, "memory": MemorySnapshots}
 
 
 def _valid_keys() -> list[str]:

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.config import CONTENTS, FinishHook, ProfilerConfig, Schedule, SlowStep, parse_value
+from instrument._memory_config import MEMORY_CONTEXTS, MEMORY_STACKS
+from instrument.config import CONTENTS, FinishHook, MemorySnapshots, ProfilerConfig, Schedule, SlowStep, parse_value
 
 # --------------------------------------------------------------------------- validation messages
 
@@ -39,7 +40,12 @@ def test_schedule_rejects(kwargs: dict[str, object], error: type[Exception], mes
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"tool": "pytorch"}, ValueError, "'tool' must be one of 'none', 'nvtx', 'torch': 'pytorch'"),
+        (
+            {"tool": "pytorch"},
+            ValueError,
+            "'tool' must be one of 'none', 'nvtx', 'nvtx+torch_memory', 'torch', 'torch+torch_memory', "
+            "'torch_memory': 'pytorch'",
+        ),
         ({"steps": [0]}, ValueError, "'steps' must hold values >= 1: 0"),
         ({"steps": [2, -1]}, ValueError, "'steps' must hold values >= 1: -1"),
         ({"steps": []}, ValueError, "'steps' must list at least one step, or be null for every step: []"),
@@ -65,6 +71,15 @@ def test_schedule_rejects(kwargs: dict[str, object], error: type[Exception], mes
         ({"max_triggered": -1}, ValueError, "'max_triggered' must be >= 0: -1"),
         ({"token_window": [5, 2]}, ValueError, "'token_window' must satisfy 0 <= first <= last: [5, 2]"),
         ({"token_window": 5}, TypeError, "'token_window' must be a [first, last] pair of engine iterations or null: 5"),
+        ({"memory": {"max_entries": 0}}, ValueError, "'max_entries' must be >= 1: 0"),
+        ({"memory": {"stack_depth": "32"}}, TypeError, "'stack_depth' must be an int >= 1: '32'"),
+        ({"memory": {"context": "free"}}, ValueError, "'context' must be one of 'all', 'alloc', 'state': 'free'"),
+        ({"memory": {"stacks": "cpp"}}, ValueError, "'stacks' must be one of 'python', 'all': 'cpp'"),
+        ({"memory": {"on_oom": 1}}, TypeError, "'on_oom' must be true or false: 1"),
+        ({"memory": {"oom_max_snapshots": 0}}, ValueError, "'oom_max_snapshots' must be >= 1: 0"),
+        ({"memory": {"max_bytes": 1000}}, ValueError, "'max_bytes' must be >= 1048576: 1000"),
+        ({"memory": {"max_entrys": 5}}, ValueError, "unknown configuration key 'memory.max_entrys'; did you mean"),
+        ({"memory": 5}, TypeError, "'memory' must be a MemorySnapshots, a mapping or null: 5"),
     ],
 )
 def test_profiler_config_rejects(kwargs: dict[str, object], error: type[Exception], message: str) -> None:
@@ -246,11 +261,23 @@ _hooks = st.builds(
 )
 
 
+_memories = st.builds(
+    MemorySnapshots,
+    max_entries=st.integers(1, 10**7),
+    stack_depth=st.integers(1, 128),
+    context=st.sampled_from(MEMORY_CONTEXTS),
+    stacks=st.sampled_from(MEMORY_STACKS),
+    on_oom=st.booleans(),
+    oom_max_snapshots=st.integers(1, 5),
+    max_bytes=st.integers(1 << 20, 1 << 40),
+)
+
+
 @st.composite
 def _configs(draw: st.DrawFn, tool: str | None = None, save_path: str | None = None) -> ProfilerConfig:
     return ProfilerConfig(
         enable=draw(st.booleans()) if tool is None else True,
-        tool=tool or draw(st.sampled_from(["torch", "nvtx", "none"])),
+        tool=tool or draw(st.sampled_from(["torch", "nvtx", "none", "torch_memory", "torch+torch_memory"])),
         steps=draw(st.none() | st.lists(st.integers(1, 30), min_size=1, max_size=5, unique=True)),
         ranks=draw(st.lists(st.integers(0, 16), min_size=1, max_size=5, unique=True)),
         save_path=save_path or draw(_labels),
@@ -268,6 +295,7 @@ def _configs(draw: st.DrawFn, tool: str | None = None, save_path: str | None = N
         else None,
         on_demand=draw(st.booleans()),
         max_triggered=draw(st.integers(0, 9)),
+        memory=draw(st.none() | _memories) if tool is None else None,
     )
 
 
@@ -502,3 +530,22 @@ def test_intersect_profiles_what_both_do(a: ProfilerConfig, b: ProfilerConfig, s
     i = a.intersect(b)
     both = a.profiles_step(step) and a.profiles_rank(rank) and b.profiles_step(step) and b.profiles_rank(rank)
     assert (i.profiles_step(step) and i.profiles_rank(rank)) == both
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_memory_section_builds_from_dict_and_overrides() -> None:
+    cfg = ProfilerConfig.from_overrides(["tool=torch+torch_memory", "memory.max_entries=5000", "memory.on_oom=true"])
+    assert cfg.tool == "torch+torch_memory"
+    assert cfg.memory == MemorySnapshots(max_entries=5000, on_oom=True)
+    assert ProfilerConfig.from_dict({"memory": {"stack_depth": 8}}).memory == MemorySnapshots(stack_depth=8)
+    assert ProfilerConfig().memory is None
+
+
+def test_memory_union_keeps_either_side_and_refuses_two_different() -> None:
+    with_oom = ProfilerConfig(memory=MemorySnapshots(on_oom=True))
+    assert ProfilerConfig().union(with_oom).memory == MemorySnapshots(on_oom=True)
+    assert ProfilerConfig().intersect(with_oom).memory is None
+    with pytest.raises(ValueError, match="'memory' differs"):
+        with_oom.union(ProfilerConfig(memory=MemorySnapshots(max_entries=7)))

@@ -71,6 +71,11 @@ class Recorder(Protocol):
 _REGISTRY: dict[str, str | type[Any]] = {
     "torch": "instrument.backends.torch:TorchBackend",
     "nvtx": "instrument.backends.nvtx:NvtxBackend",
+    # CUDA memory snapshots, alone or beside a tracer (docs/memory.md); "+" names are not identifiers,
+    # so register_recorder cannot shadow them.
+    "torch_memory": "instrument.backends.memory:MemoryRecorder",
+    "torch+torch_memory": "instrument.backends.memory:TorchWithMemory",
+    "nvtx+torch_memory": "instrument.backends.memory:NvtxWithMemory",
 }
 
 

@@ -33,7 +33,7 @@ from instrument.backends import Publish, Report, TraceSpec
 from instrument.naming import SCRATCH_PREFIX, TRACE_SUFFIX
 from instrument.schedule import Action, action_at, window_of
 
-__all__ = ["TorchBackend"]
+__all__ = ["MEMORY_TIMELINE_SUFFIX", "TorchBackend", "wants_memory_timeline"]
 
 logger = logging.getLogger("instrument")
 
@@ -46,6 +46,15 @@ except ImportError:  # pragma: no cover - older or newer torch without it
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 _EXCLUSIVE_ATTEMPTS = 5
 _TAIL_BYTES = 1 << 16  # kineto ends a trace with `"traceName": "<path>" }`: the tail holds it whole
+MEMORY_TIMELINE_SUFFIX = ".memory-timeline.html"
+"""Beside a trace whose contents hold memory, shapes and stack: torch's memory timeline plot."""
+
+
+def wants_memory_timeline(contents: tuple[str, ...]) -> bool:
+    """Whether a trace also gets a memory timeline: torch's ``export_memory_timeline`` needs
+    ``profile_memory``, ``record_shapes`` and ``with_stack`` (it refuses otherwise), so contents
+    ``memory``, ``shapes`` and ``stack``; it works on the CPU too (tests/test_memory_cpu.py)."""
+    return all(c in contents for c in ("memory", "shapes", "stack"))
 
 
 def _all_threads_config() -> dict[str, Any]:
@@ -215,8 +224,43 @@ class TorchBackend:
         profile.export_chrome_trace(str(json_path))
         if not json_path.is_file():  # kineto logs a failed save instead of raising
             raise OSError(f"torch.profiler wrote no trace to {json_path}")
+        if wants_memory_timeline(spec.contents):
+            self._export_memory_timeline(profile, spec, window, partial, basename)
         self.windows_saved += 1
         self._submit(_Export(json_path, spec, window, partial))
+
+    def _export_memory_timeline(
+        self, profile: torch.profiler.profile, spec: TraceSpec, window: tuple[int, int] | None, partial: bool, base: str
+    ) -> None:
+        """Save torch's memory timeline (an HTML page with the plot) next to the trace; a failure is reported."""
+        html = self._scratch(spec.save_path) / f"{base}{MEMORY_TIMELINE_SUFFIX}"
+        try:
+            device = "cuda:0" if "cuda" in spec.contents and torch.cuda.is_available() else "cpu"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA snapshots (CPU has none)
+                profile.export_memory_timeline(str(html), device=device)
+            final = Path(spec.save_path).absolute() / html.name
+            if not _link_exclusively(_fsynced(html), final):
+                raise FileExistsError(f"{final} exists; the memory timeline is not saved")
+            record = TraceRecord(
+                path=final.name,
+                role=spec.role,
+                stage=spec.stage,
+                step=spec.step,
+                rank=spec.rank,
+                world=spec.world_size,
+                window=window,
+                partial=partial,
+                bytes=final.stat().st_size,
+                tool=self.tool,
+                triggered=spec.triggered,
+            )
+            self._publish_record(record)
+        except Exception as exc:  # the trace itself is still saved
+            self._report("could not save a memory timeline", exc)
+        finally:
+            with contextlib.suppress(OSError):
+                html.unlink()
 
     def _scratch(self, save_path: str) -> Path:
         """This process's private folder inside ``save_path`` for unfinished files.

@@ -1,0 +1,455 @@
+"""The memory recorder (tool ``torch_memory``): CUDA allocator history, one snapshot per stage or window.
+
+On profiled steps and ranks, :meth:`MemoryRecorder.start` turns on
+``torch.cuda.memory._record_memory_history`` (clearing earlier history, so a snapshot holds what
+its own stage or window did); the end of the stage, or of each recorded mini-batch window of a
+scheduled stage, takes ``torch.cuda.memory._snapshot()``, cuts every stack to ``stack_depth``
+frames and saves it as ``{trace name}.pickle``: pickled into this process's private scratch
+folder (at most ``max_bytes``), fsync'd, then hard-linked under a name no file has (never
+overwriting), and published to the manifest. History then goes off again (or back to the
+run-long recording that ``on_oom`` keeps). :class:`OomSnapshots` saves one more snapshot when a
+CUDA out-of-memory error leaves a ``profiled_stage``.
+
+Without CUDA every call is a no-op after one warning per process; nothing raises. Loaded only
+when a memory tool or ``on_oom`` is configured (it imports torch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import os
+import pickle
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import torch
+
+from instrument import naming
+from instrument._manifest import TraceRecord
+from instrument._memory_config import MEMORY_TOOL, MemorySnapshots
+from instrument._state import STATE
+from instrument.backends import Publish, Recorders, Report, TraceSpec
+from instrument.naming import SCRATCH_PREFIX
+from instrument.schedule import Action, action_at, window_of
+
+__all__ = [
+    "SNAPSHOT_SUFFIX",
+    "MemoryRecorder",
+    "NvtxWithMemory",
+    "OomSnapshots",
+    "TorchWithMemory",
+    "cut_stacks",
+]
+
+logger = logging.getLogger("instrument")
+
+SNAPSHOT_SUFFIX = ".pickle"
+_RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
+_EXCLUSIVE_ATTEMPTS = 5
+_TEMP_NAMES = itertools.count()
+
+
+class _CudaMemory:
+    """The ``torch.cuda.memory`` calls this module makes, in one place (tests without a GPU swap it)."""
+
+    def available(self) -> bool:
+        return bool(torch.cuda.is_available())
+
+    def record(self, options: MemorySnapshots | None, *, clear: bool) -> None:
+        """Record history with ``options``; ``None`` turns recording off."""
+        if options is None:
+            torch.cuda.memory._record_memory_history(enabled=None)
+            return
+        torch.cuda.memory._record_memory_history(
+            enabled="all",
+            context=options.context,
+            stacks=options.stacks,
+            max_entries=options.max_entries,
+            clear_history=clear,
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        return dict(torch.cuda.memory._snapshot())
+
+
+CUDA = _CudaMemory()
+"""What this module calls; only tests without a GPU replace it (with a documented stand-in)."""
+
+_warned_no_cuda = False
+_warn_lock = threading.Lock()
+_oom_history: MemorySnapshots | None = None  # the run-long history on_oom keeps, if any
+
+
+def _cuda_or_warn(why: str) -> bool:
+    """Whether CUDA is here; without it, one warning per process (never an exception)."""
+    global _warned_no_cuda
+    if CUDA.available():
+        return True
+    with _warn_lock:
+        if not _warned_no_cuda:
+            _warned_no_cuda = True
+            logger.warning("instrument: %s needs CUDA, which is not available here; no memory snapshot is saved", why)
+    return False
+
+
+# ---------------------------------------------------------------------- snapshot files
+
+
+def cut_stacks(snapshot: dict[str, Any], depth: int) -> dict[str, Any]:
+    """Keep the innermost ``depth`` frames of every block and trace entry (in place; returns it)."""
+    for segment in snapshot.get("segments", ()):
+        for block in segment.get("blocks", ()):
+            frames = block.get("frames")
+            if frames is not None and len(frames) > depth:
+                block["frames"] = frames[:depth]
+    for trace in snapshot.get("device_traces", ()):
+        for entry in trace:
+            frames = entry.get("frames")
+            if frames is not None and len(frames) > depth:
+                entry["frames"] = frames[:depth]
+    return snapshot
+
+
+class _TooLargeError(Exception):
+    pass
+
+
+class _Bounded:
+    """A binary file that refuses to grow past ``limit`` bytes (pickle writes through it in frames)."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self._raw = raw
+        self._left = limit
+
+    def write(self, data: bytes) -> int:
+        self._left -= len(data)
+        if self._left < 0:
+            raise _TooLargeError
+        return int(self._raw.write(data))
+
+
+def _pickle_bounded(snapshot: dict[str, Any], path: Path, limit: int) -> bool:
+    """Pickle ``snapshot`` into a new file ``path`` (fsync'd); False (file removed) if over ``limit``."""
+    try:
+        with open(path, "xb") as raw:
+            pickle.dump(snapshot, _Bounded(raw, limit), protocol=pickle.DEFAULT_PROTOCOL)  # as torch's _dump_snapshot
+            raw.flush()
+            os.fsync(raw.fileno())
+        return True
+    except _TooLargeError:
+        path.unlink()
+        return False
+
+
+def _link_exclusively(source: Path, final: Path) -> bool:
+    """Publish ``source`` as ``final`` unless that name exists (never overwrites); fsync the folder."""
+    try:
+        os.link(source, final)
+    except FileExistsError:
+        return False
+    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+class _SnapshotWriter:
+    """Saves snapshots under trace names in ``save_path`` through this process's private scratch folder."""
+
+    def __init__(self, options: MemorySnapshots, publish: Publish, report: Report) -> None:
+        self.options = options
+        self._publish = publish
+        self._report = report
+        self._scratch: dict[str, Path] = {}
+
+    def save(
+        self, spec: TraceSpec, *, window: tuple[int, int] | None = None, partial: bool = False, stage: str = ""
+    ) -> bool:
+        """Take a snapshot now and publish it; False if it could not be saved (reported)."""
+        stage = stage or spec.stage
+        snapshot = cut_stacks(CUDA.snapshot(), self.options.stack_depth)
+        temp = self._scratch_dir(spec.save_path) / f"snapshot-{next(_TEMP_NAMES)}.tmp"  # a private folder
+        try:
+            if not _pickle_bounded(snapshot, temp, self.options.max_bytes):
+                traces = snapshot.get("device_traces", [])
+                if not _pickle_bounded(
+                    {**snapshot, "device_traces": [[] for _ in traces]}, temp, self.options.max_bytes
+                ):
+                    self._report(
+                        "a memory snapshot is larger than memory.max_bytes",
+                        OverflowError(
+                            f"even without its event history the snapshot of stage {stage!r} exceeds "
+                            f"{self.options.max_bytes} bytes; it is not saved"
+                        ),
+                    )
+                    return False
+                self._report(
+                    "a memory snapshot was saved without its event history",
+                    OverflowError(
+                        f"the snapshot of stage {stage!r} exceeds memory.max_bytes ({self.options.max_bytes}); "
+                        "raise it or lower memory.max_entries / memory.stack_depth to keep the history"
+                    ),
+                )
+            final = self._link(temp, spec, stage, window, partial)
+        finally:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        self._publish(
+            TraceRecord(
+                path=final.name,
+                role=spec.role,
+                stage=stage,
+                step=spec.step,
+                rank=spec.rank,
+                world=spec.world_size,
+                window=window,
+                partial=partial,
+                bytes=final.stat().st_size,
+                tool=MEMORY_TOOL,
+                triggered=spec.triggered,
+            )
+        )
+        return True
+
+    def _link(self, temp: Path, spec: TraceSpec, stage: str, window: tuple[int, int] | None, partial: bool) -> Path:
+        for _ in range(_EXCLUSIVE_ATTEMPTS):
+            basename = naming.trace_basename(
+                role=spec.role,
+                stage=stage,
+                step=spec.step,
+                rank=spec.rank,
+                world_size=spec.world_size,
+                window=window,
+                partial=partial,
+                triggered=spec.triggered,
+            )
+            final = Path(spec.save_path).absolute() / (basename + SNAPSHOT_SUFFIX)
+            if not os.path.lexists(final) and _link_exclusively(temp, final):
+                return final
+        raise FileExistsError(f"no free snapshot name in {spec.save_path} after {_EXCLUSIVE_ATTEMPTS} attempts")
+
+    def _scratch_dir(self, save_path: str) -> Path:
+        """This process's private folder (mode 0700, unpredictable name): nobody can plant a link there."""
+        scratch = self._scratch.get(save_path)
+        if scratch is None or not scratch.is_dir():
+            Path(save_path).mkdir(parents=True, exist_ok=True)
+            scratch = self._scratch[save_path] = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
+        return scratch
+
+    def close(self) -> None:
+        for scratch in self._scratch.values():
+            with contextlib.suppress(OSError):
+                scratch.rmdir()  # empty unless a failure left something worth a look
+        self._scratch.clear()
+
+
+def _history_off() -> None:
+    """Stop recording history, or go back to the run-long recording ``on_oom`` keeps."""
+    CUDA.record(_oom_history, clear=False)
+
+
+# ---------------------------------------------------------------------- the recorder
+
+
+def _no_range() -> None:
+    """A memory snapshot has no ranges: closing one does nothing."""
+
+
+class MemoryRecorder:
+    """Records allocator history on profiled stages and saves one snapshot per stage or mini-batch window.
+
+    Options come from the run's ``ProfilerConfig.memory`` (``MemorySnapshots()`` when not given).
+    Every failure goes to ``report``; no method raises into the session (beside another recorder,
+    a raise here would leave that one running).
+    """
+
+    tool = MEMORY_TOOL
+    stage_range_in_windows = False
+
+    def __init__(self, publish: Publish, report: Report, options: MemorySnapshots | None = None) -> None:
+        if options is None:
+            options = STATE.memory if isinstance(STATE.memory, MemorySnapshots) else MemorySnapshots()
+        self._writer = _SnapshotWriter(options, publish, report)
+        self._report = report
+        self._spec: TraceSpec | None = None
+        self._mini_batch = 0  # mini-batches finished since start
+        self._recording = False  # history is on for the open stage or window
+        self.windows_saved = 0
+
+    @property
+    def tracing(self) -> bool:
+        """Whether a stage is open (with or without CUDA)."""
+        return self._spec is not None
+
+    def on_step(self, role: str, step: int) -> None:
+        """A step begins (nothing to do: every snapshot belongs to a stage)."""
+
+    def start(self, spec: TraceSpec) -> None:
+        """A stage (or a continuous step) begins: record history unless its schedule starts elsewhere."""
+        if self._spec is not None:
+            raise RuntimeError(f"a memory recording is already open ({self._spec})")
+        self._spec, self._mini_batch, self.windows_saved = spec, 0, 0
+        try:
+            starts_recording = spec.schedule is None or action_at(0, spec.schedule) in _RECORDING
+            if _cuda_or_warn("memory recording (tool 'torch_memory')") and starts_recording:
+                self._history_on()
+        except Exception as exc:
+            self._report("could not start recording CUDA memory history", exc)
+
+    def window_step(self) -> None:
+        """One mini-batch of a scheduled stage ended: save the window it closes, open the next one."""
+        spec = self._spec
+        if spec is None or spec.schedule is None:
+            return
+        done, self._mini_batch = self._mini_batch, self._mini_batch + 1
+        try:
+            if self._recording and action_at(done, spec.schedule) is Action.RECORD_AND_SAVE:
+                self._save(spec, window=window_of(done, spec.schedule), partial=False)
+            if not self._recording and action_at(self._mini_batch, spec.schedule) in _RECORDING:
+                self._history_on()
+        except Exception as exc:
+            self._report("could not save a memory snapshot of a mini-batch window", exc)
+
+    def stop(self) -> None:
+        """The stage ends: save its snapshot (a window the loop ended inside is saved as partial)."""
+        spec, self._spec = self._spec, None
+        if spec is None or not self._recording:
+            return
+        try:
+            if spec.schedule is None:
+                self._save(spec, window=None, partial=False)
+            else:
+                first, last = window_of(self._mini_batch, spec.schedule)[0], self._mini_batch - 1
+                if last >= first:
+                    self._save(spec, window=(first, last), partial=True)
+                else:
+                    self._off()
+        except Exception as exc:
+            self._report("could not save a memory snapshot", exc)
+        finally:
+            if self._recording:
+                with contextlib.suppress(Exception):
+                    self._off()
+
+    def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
+        """Snapshots have no ranges (the stage is in the file name)."""
+        return _no_range
+
+    def flush(self) -> None:
+        """Nothing pending: every snapshot is published when taken."""
+
+    def close(self) -> None:
+        """Save what is open and remove the empty scratch folder."""
+        try:
+            self.stop()
+        finally:
+            self._writer.close()
+
+    def _history_on(self) -> None:
+        CUDA.record(self._writer.options, clear=True)
+        self._recording = True
+
+    def _off(self) -> None:
+        self._recording = False
+        _history_off()
+
+    def _save(self, spec: TraceSpec, *, window: tuple[int, int] | None, partial: bool) -> None:
+        try:
+            if self._writer.save(spec, window=window, partial=partial):
+                self.windows_saved += 1
+        finally:
+            self._off()
+
+
+class TorchWithMemory(Recorders):
+    """Tool ``torch+torch_memory``: torch.profiler traces and memory snapshots of the same stages."""
+
+    def __init__(self, publish: Publish, report: Report) -> None:
+        from instrument.backends.torch import TorchBackend
+
+        # Memory first: it starts before the profiler and saves after it stopped, so a stage's
+        # snapshot is not in its trace (a window's is: both end at the same mini-batch).
+        super().__init__([MemoryRecorder(publish, report), TorchBackend(publish, report)])
+
+
+class NvtxWithMemory(Recorders):
+    """Tool ``nvtx+torch_memory``: NVTX ranges (for nsys) and memory snapshots of the same stages."""
+
+    def __init__(self, publish: Publish, report: Report) -> None:
+        from instrument.backends.nvtx import NvtxBackend
+
+        super().__init__([MemoryRecorder(publish, report), NvtxBackend(publish, report)])
+
+
+# ---------------------------------------------------------------------- out of memory
+
+
+def _innermost(tb: TracebackType | None) -> TracebackType | None:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
+class OomSnapshots:
+    """``on_oom``: a snapshot when a CUDA out-of-memory error leaves a ``profiled_stage``, on any step.
+
+    Installed by ``configure()`` as ``STATE.on_oom``; records the allocation history from then on
+    (bounded by ``max_entries``) so the snapshot shows who allocated. Saves at most
+    ``oom_max_snapshots`` per run, each at most ``max_bytes``; one error leaving several nested
+    stages is saved once. Never raises: the error propagates unchanged.
+    """
+
+    def __init__(
+        self,
+        options: MemorySnapshots,
+        *,
+        spec: Callable[[str, str | None], TraceSpec | None],
+        publish: Publish,
+        report: Report,
+    ) -> None:
+        global _oom_history
+        self._writer = _SnapshotWriter(options, publish, report)
+        self._spec = spec  # (stage, role) -> what the snapshot is of; None once the run finished
+        self._report = report
+        self._last: tuple[int, int] = (0, 0)
+        self.saved = 0
+        self._lock = threading.Lock()
+        if _cuda_or_warn("memory.on_oom"):
+            CUDA.record(options, clear=False)
+            _oom_history = options
+
+    def __call__(self, exc: BaseException, stage: str, role: str | None) -> None:
+        """``exc`` is leaving stage ``stage``: save a snapshot if it is a CUDA OOM not seen yet."""
+        try:
+            if not isinstance(exc, torch.OutOfMemoryError):
+                return
+            with self._lock:
+                key = (id(exc), id(_innermost(exc.__traceback__)))
+                if key == self._last or self.saved >= self._writer.options.oom_max_snapshots:
+                    return  # the same error leaving an outer stage, or the run's bound reached
+                self._last = key
+                spec = self._spec(stage, role)
+                if spec is None or not _cuda_or_warn("memory.on_oom"):
+                    return
+                self.saved += 1
+                self._writer.save(spec, stage=f"oom-{stage}")
+        except Exception as err:
+            self._report("could not save a memory snapshot at an out-of-memory error", err)
+
+    def close(self) -> None:
+        """Stop the run-long history (a later run decides anew) and remove the empty scratch folder."""
+        global _oom_history
+        if _oom_history is self._writer.options:
+            _oom_history = None
+            with contextlib.suppress(Exception):
+                if CUDA.available():
+                    CUDA.record(None, clear=False)
+        self._writer.close()
