@@ -18,12 +18,13 @@ from instrument._api import (
 )
 from instrument._run import RunInfo
 from instrument._version import __version__
-from instrument.config import CONTENTS, TOOLS, FinishHook, ProfilerConfig, Schedule, SlowStep
+from instrument.config import CONTENTS, TOOLS, FinishHook, MemorySnapshots, ProfilerConfig, Schedule, SlowStep
 
 __all__ = [
     "CONTENTS",
     "TOOLS",
     "FinishHook",
+    "MemorySnapshots",
     "ProfilerConfig",
     "RunInfo",
     "Schedule",

@@ -25,7 +25,6 @@ import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import torch
@@ -392,12 +391,6 @@ class NvtxWithMemory(Recorders):
 # ---------------------------------------------------------------------- out of memory
 
 
-def _innermost(tb: TracebackType | None) -> TracebackType | None:
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb
-
-
 class OomSnapshots:
     """``on_oom``: a snapshot when a CUDA out-of-memory error leaves a ``profiled_stage``, on any step.
 
@@ -419,7 +412,10 @@ class OomSnapshots:
         self._writer = _SnapshotWriter(options, publish, report)
         self._spec = spec  # (stage, role) -> what the snapshot is of; None once the run finished
         self._report = report
-        self._last: tuple[int, int] = (0, 0)
+        # The error last saved, told apart without keeping it alive (its frames hold tensors a
+        # caller may free to retry): its id, and its args tuple, which we hold so no later error's
+        # args can take its address (an id alone is reused by the next error of a retry loop).
+        self._last: tuple[int, tuple[Any, ...] | None] = (0, None)
         self.saved = 0
         self._lock = threading.Lock()
         if _cuda_or_warn("memory.on_oom"):
@@ -432,10 +428,12 @@ class OomSnapshots:
             if not isinstance(exc, torch.OutOfMemoryError):
                 return
             with self._lock:
-                key = (id(exc), id(_innermost(exc.__traceback__)))
-                if key == self._last or self.saved >= self._writer.options.oom_max_snapshots:
+                last_id, last_args = self._last
+                if (
+                    id(exc) == last_id and exc.args is last_args
+                ) or self.saved >= self._writer.options.oom_max_snapshots:
                     return  # the same error leaving an outer stage, or the run's bound reached
-                self._last = key
+                self._last = (id(exc), exc.args)
                 spec = self._spec(stage, role)
                 if spec is None or not _cuda_or_warn("memory.on_oom"):
                     return
