@@ -54,6 +54,8 @@ _SECTIONS = sorted([*ROLE_SECTIONS.values(), GLOBAL, BARE], key=len, reverse=Tru
 _SCHEDULE = ("skip_first", "wait", "warmup", "active", "repeat", "skip_first_wait")
 _TOKEN_START = "tool_config.torch.profile_token_start"
 _TOKEN_END = "tool_config.torch.profile_token_end"
+# verl's torch_memory settings -> the memory section's fields (a role's own value wins, as for nsys).
+_MEMORY = {"trace_alloc_max_entries": "memory.max_entries", "stack_depth": "memory.stack_depth"}
 
 VERL_KEYS = (
     "tool",
@@ -70,6 +72,7 @@ VERL_KEYS = (
     _TOKEN_END,
     "tool_config.nsys.discrete",
     "global_tool_config.nsys.discrete",
+    *(f"{where}.torch_memory.{name}" for where in ("tool_config", "global_tool_config") for name in _MEMORY),
     "finish_hook_cmd",
     "finish_hook_ranks",
     "finish_hook_all_ranks",
@@ -82,10 +85,8 @@ VERL_IGNORED = (
     "global_tool_config.nsys.controller_nsight_options",
     "global_tool_config.nsys.worker_nsight_options",
     "global_tool_config.torch",
-    "global_tool_config.torch_memory",
     "global_tool_config.precision_debugger",
     "tool_config.npu",
-    "tool_config.torch_memory",
     "tool_config.precision_debugger",
 )
 """verl keys accepted but not applied (one warning names them): they have no counterpart here."""
@@ -104,7 +105,7 @@ _ROLLOUT_FOLLOWS_ACTOR = frozenset(
         "tool_config.torch.discrete",
     }
 )
-_TOOLS = {None: "none", "nsys": "nvtx", "torch": "torch"}
+_TOOLS = {None: "none", "nsys": "nvtx", "torch": "torch", "torch_memory": "torch_memory"}
 _STRING_KEYS = frozenset({"tool", "save_path", "finish_hook_cmd"})
 _META_NAME = re.compile(r"^(global_)?tool_config\.[A-Za-z_]+(\.schedule)?\.name$")
 _INTERPOLATION = re.compile(r"^\$\{.*\}$", re.DOTALL)
@@ -256,7 +257,7 @@ class _View:
         if given:
             if tool not in _TOOLS:
                 raise ValueError(
-                    "verl 'tool' must be one of null, 'nsys', 'torch' to move over (npu, torch_memory and "
+                    "verl 'tool' must be one of null, 'nsys', 'torch', 'torch_memory' to move over (npu and "
                     f"precision_debugger have no counterpart here): {tool!r}"
                 )
             out.append(("tool", _TOOLS[tool]))
@@ -275,6 +276,8 @@ class _View:
             out.append(("ranks", [0] if ranks in ([], ()) else ranks))
         if selected == "torch":
             out += self._torch()
+        elif selected == "torch_memory":
+            out += self._memory()
         elif selected == "nvtx":
             given, discrete = self.get("tool_config.nsys.discrete")
             if not given:  # verl's role nsys.discrete defaults to the trainer-wide one
@@ -300,6 +303,16 @@ class _View:
         if dict(schedule).get("schedule.active", 0):
             out += schedule
         return out + self._token_window()
+
+    def _memory(self) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = []
+        for name, field in _MEMORY.items():
+            given, value = self.get(f"tool_config.torch_memory.{name}")
+            if not given:  # like nsys.discrete: the trainer-wide value unless the role sets its own
+                given, value = self.get(f"global_tool_config.torch_memory.{name}")
+            if given:
+                out.append((field, value))
+        return out
 
     def _token_window(self) -> list[tuple[str, Any]]:
         start, end = self.get(_TOKEN_START)[1], self.get(_TOKEN_END)[1]

@@ -185,7 +185,7 @@ class ProfilerConfig:
     trigger: SlowStep | None = attrs.field(default=None, converter=_to_trigger, validator=_optional_instance(SlowStep))
     on_demand: bool = attrs.field(default=False, validator=boolean)
     max_triggered: int = attrs.field(default=3, validator=int_at_least(0))
-    memory: MemorySnapshots | None = attrs.field(
+    memory: MemorySnapshots | None = attrs.field(  # docs/memory.md
         default=None, converter=_to_memory, validator=_optional_instance(MemorySnapshots)
     )
 

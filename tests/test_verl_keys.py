@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from instrument.backends.vllm import profiler_launch_args
-from instrument.config import FinishHook, ProfilerConfig, Schedule
+from instrument.config import FinishHook, MemorySnapshots, ProfilerConfig, Schedule
 
 ACTOR = "actor_rollout_ref.actor.profiler"
 ROLLOUT = "actor_rollout_ref.rollout.profiler"
@@ -191,6 +191,40 @@ def test_only_the_selected_tools_discrete_applies(order: int) -> None:
 
 
 @pytest.mark.parametrize("order", [1, -1])
+def test_torch_memory_moves_over_with_its_keys(order: int) -> None:
+    sections = [
+        (
+            "global_profiler",
+            {
+                "tool": "torch_memory",
+                "steps": [2],
+                "global_tool_config": {"torch_memory": {"trace_alloc_max_entries": 5000, "stack_depth": 16}},
+            },
+        ),
+        ("profiler", {"enable": True, "tool_config": {"torch_memory": {"stack_depth": 4}}}),
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # nothing of it is ignored any more
+        cfg = ProfilerConfig.from_dict(dict(sections[::order]))
+    # a role's own stack_depth wins over the trainer-wide one, as for nsys.discrete
+    assert (cfg.tool, cfg.steps) == ("torch_memory", (2,))
+    assert cfg.memory == MemorySnapshots(max_entries=5000, stack_depth=4)
+    overrides = [
+        "global_profiler.tool=torch_memory",
+        "global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries=77",
+    ][::order]
+    assert ProfilerConfig.from_overrides(overrides).memory == MemorySnapshots(max_entries=77)
+
+
+def test_torch_memory_keys_apply_only_to_that_tool_and_are_validated() -> None:
+    keys = {"global_profiler": {"tool": "torch", "global_tool_config": {"torch_memory": {"stack_depth": 4}}}}
+    assert ProfilerConfig.from_dict(keys).memory is None
+    bad = {"global_profiler": {"tool": "torch_memory", "global_tool_config": {"torch_memory": {"stack_depth": 0}}}}
+    with pytest.raises(ValueError, match=r"^'stack_depth' must be >= 1: 0$"):
+        ProfilerConfig.from_dict(bad)
+
+
+@pytest.mark.parametrize("order", [1, -1])
 def test_steps_null_profiles_nothing_in_any_order(order: int) -> None:
     items = [("global_profiler", {"tool": "torch", "steps": None}), ("profiler", {"enable": True})]
     cfg = ProfilerConfig.from_dict(dict(items[::order]))
@@ -272,6 +306,10 @@ _POOL: list[tuple[str, Any]] = [
     ("global_profiler.finish_hook_all_ranks", True),
     ("global_profiler.global_tool_config.nsys.discrete", False),
     ("global_profiler.global_tool_config.nsys._target_", "x"),
+    ("global_profiler.tool", "torch_memory"),
+    ("global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries", 5000),
+    ("global_profiler.global_tool_config.torch_memory.stack_depth", 16),
+    ("profiler.tool_config.torch_memory.stack_depth", 4),
     ("profiler.enable", True),
     ("profiler.enable", False),
     ("profiler.ranks", [0, 2]),
