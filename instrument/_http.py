@@ -39,15 +39,24 @@ class HttpTimeoutError(HttpError, TimeoutError):
     """An HTTP exchange did not complete by its deadline."""
 
 
-def check_http_url(url: str) -> str:
-    """``url`` without a trailing slash, or ``ValueError`` for anything but http(s)://host[:port]."""
+def check_http_url(url: str, what: str = "engine URL") -> str:
+    """``url`` without a trailing slash, or ``ValueError`` for anything but http(s)://host[:port].
+
+    ``what`` names the URL in the message (``"router URL"``, ``"worker URL"``); a URL without a
+    scheme gets the likely fix (``http://`` in front).
+    """
+    if not isinstance(url, str):
+        raise TypeError(f"{what} must be a string http(s)://host:port: {url!r}")
     parsed = urllib.parse.urlsplit(url)
     try:
         parsed.port  # noqa: B018 - raises ValueError for a port that is not a number in range
     except ValueError:
         parsed = parsed._replace(netloc="")
     if parsed.scheme not in ("http", "https") or not parsed.hostname or any(c <= " " or c == "\x7f" for c in url):
-        raise ValueError(f"engine URL must be http(s)://host:port: {url!r}")
+        hint = ""
+        if "://" not in url and url and not any(c <= " " or c == "\x7f" for c in url):
+            hint = f" (no scheme: did you mean 'http://{url}'?)"
+        raise ValueError(f"{what} must be http(s)://host:port: {url!r}{hint}")
     return url.rstrip("/")
 
 

@@ -11,7 +11,7 @@ import json
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -19,9 +19,17 @@ from typing import Any
 from instrument._http import HttpError, check_http_url, check_timeout
 from instrument._http import request as http_request
 from instrument._progress import Display, wanted
-from instrument.backends.vllm import EngineProfilerError, HttpEngineDriver
+from instrument.backends.vllm import EngineProfilerError, EngineStillFlushingError, HttpEngineDriver
 
-__all__ = ["EngineProgress", "WorkerOutcome", "fan_out", "list_router_workers", "render_table"]
+__all__ = [
+    "STATES",
+    "DriverFactory",
+    "EngineProgress",
+    "WorkerOutcome",
+    "fan_out",
+    "list_router_workers",
+    "render_table",
+]
 
 ACTIONS = ("start", "stop", "status")
 _WAITING = {"start": "starting the profiler", "stop": "waiting for flush", "status": "checking"}
@@ -29,12 +37,26 @@ _WAITING = {"start": "starting the profiler", "stop": "waiting for flush", "stat
 
 @dataclass(frozen=True)
 class WorkerOutcome:
-    """What one worker answered."""
+    """What one worker answered: ``state`` is one of :data:`STATES`, ``detail`` says it in words."""
 
     url: str
     ok: bool
     detail: str
     seconds: float
+    state: str = "failed"
+
+
+STATES = (
+    "profiling",  # start: it is profiling now
+    "restarted",  # start: it was profiling already; stopped (flushed) and started again
+    "flushed",  # stop: stopped after a start recorded here, traces written
+    "not-profiling",  # stop: no start recorded here; vLLM ignores such a stop, nothing is written
+    "still-flushing",  # stop: past its deadline while the server answers /health
+    "routes",  # status: it has profiling routes
+    "no-routes",  # status: started without a profiler
+    "unhealthy",  # the router says so: not contacted
+    "failed",  # anything else that went wrong; detail says what
+)
 
 
 def _worker_urls(payload: Any) -> list[tuple[str, bool]]:
@@ -66,10 +88,11 @@ def list_router_workers(router_url: str, *, timeout_s: float = 10.0) -> list[tup
     """The router's workers as ``(url, healthy)``; ``ValueError`` with a clear message on any problem.
 
     Reads ``GET /workers`` (vLLM's router and SGLang's gateway: ``{"workers": [{"url", "is_healthy"}]}``),
-    falling back to ``GET /list_workers`` (``{"urls": [...]}``, no health). Each request has
+    falling back to ``GET /list_workers`` (``{"urls": [...]}``, no health). A server answering 404
+    to both is not a router (a stale port now serving a vLLM worker, say). Each request has
     ``timeout_s`` overall.
     """
-    base = check_http_url(router_url)
+    base = check_http_url(router_url, "router URL")
     check_timeout(timeout_s)
     route = "/workers"
     try:
@@ -79,6 +102,11 @@ def list_router_workers(router_url: str, *, timeout_s: float = 10.0) -> list[tup
             status, body = http_request(f"{base}{route}", timeout_s=timeout_s)
     except HttpError as exc:  # its message names the request and what went wrong
         raise ValueError(f"router: {exc}") from None
+    if status == 404:
+        raise ValueError(
+            f"{base} is not a router (no /workers, no /list_workers: both answered 404); "
+            "if it is a vLLM server, pass it with --worker-url"
+        )
     if status != 200:
         raise ValueError(f"{base}{route} answered {status}")
     try:
@@ -94,27 +122,51 @@ def list_router_workers(router_url: str, *, timeout_s: float = 10.0) -> list[tup
     return workers
 
 
-def _act(action: str, url: str, prefix: str | None, timeout_s: float, stop_timeout_s: float) -> WorkerOutcome:
+DriverFactory = Callable[[str, float, float], Any]
+"""``(url, timeout_s, stop_timeout_s) -> driver``: an engine's HTTP driver (``start_profile``,
+``stop``, ``has_profiler_routes``), :class:`~instrument.backends.vllm.HttpEngineDriver` by default."""
+
+
+def _vllm_driver(url: str, timeout_s: float, stop_timeout_s: float) -> HttpEngineDriver:
+    return HttpEngineDriver(url, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
+
+
+def _act(
+    action: str,
+    url: str,
+    prefix: str | None,
+    timeout_s: float,
+    stop_timeout_s: float,
+    driver_for: DriverFactory,
+    started_here: bool | None,
+) -> WorkerOutcome:
     started = time.monotonic()
+
+    def outcome(ok: bool, state: str, detail: str) -> WorkerOutcome:
+        return WorkerOutcome(url, ok, detail, time.monotonic() - started, state)
+
     try:
-        driver = HttpEngineDriver(url, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
+        driver = driver_for(url, timeout_s, stop_timeout_s)
         if action == "start":
-            driver.start(prefix)
-            detail = "profiling"
-        elif action == "stop":
+            if driver.start_profile(prefix):
+                return outcome(True, "restarted", "was profiling: restarted; earlier traces flushed under their prefix")
+            return outcome(True, "profiling", "profiling")
+        if action == "stop":
             driver.stop()
-            detail = "stopped, traces flushed"
-        else:
-            has_routes = driver.has_profiler_routes()
-            detail = "profiling routes present" if has_routes else "no profiling routes (started without a profiler)"
-            return WorkerOutcome(url, has_routes, detail, time.monotonic() - started)
-        return WorkerOutcome(url, True, detail, time.monotonic() - started)
+            if started_here is False:  # vLLM answers 200 to a stop without a start and writes nothing
+                return outcome(True, "not-profiling", "not profiling: nothing flushed (no start recorded for it)")
+            return outcome(True, "flushed", "stopped, traces flushed")
+        if driver.has_profiler_routes():
+            return outcome(True, "routes", "profiling routes present")
+        return outcome(False, "no-routes", "no profiling routes (started without a profiler)")
+    except EngineStillFlushingError as exc:
+        return outcome(False, "still-flushing", str(exc))
     except (EngineProfilerError, HttpError, ValueError) as exc:
-        return WorkerOutcome(url, False, str(exc), time.monotonic() - started)
+        return outcome(False, "failed", str(exc))
     except OSError as exc:
-        return WorkerOutcome(url, False, f"unreachable: {exc}", time.monotonic() - started)
+        return outcome(False, "failed", f"unreachable: {exc}")
     except Exception as exc:  # a row, never a traceback that loses every other worker's row
-        return WorkerOutcome(url, False, f"{type(exc).__name__}: {exc}", time.monotonic() - started)
+        return outcome(False, "failed", f"{type(exc).__name__}: {exc}")
 
 
 def fan_out(
@@ -126,14 +178,19 @@ def fan_out(
     timeout_s: float = 10.0,
     stop_timeout_s: float = 600.0,
     progress: Callable[[str, WorkerOutcome | None], None] | None = None,
+    driver_for: DriverFactory | None = None,
+    started: Collection[str] | None = None,
 ) -> list[WorkerOutcome]:
     """Run ``action`` on every worker, at most ``concurrency`` at a time; outcomes in input order.
 
     Each call ends by its deadline (``timeout_s``; ``stop_timeout_s`` for ``stop``), so the whole
     run ends by about ``ceil(len(urls) / concurrency)`` deadlines. A start that meets a running
-    profiler (409) stops it and starts again: up to ``2 * timeout_s + stop_timeout_s``.
-    ``progress(url, None)`` is called as a worker's call begins, ``progress(url, outcome)`` as it ends
-    (from the calling threads; it must not raise).
+    profiler (409) stops it and starts again (state ``restarted``): up to ``2 * timeout_s +
+    stop_timeout_s``. A stop past its deadline is ``still-flushing`` when the server answers
+    ``/health`` (one more ``min(timeout_s, 5)`` s). ``progress(url, None)`` is called as a worker's
+    call begins, ``progress(url, outcome)`` as it ends (from the calling threads; it must not
+    raise). ``driver_for`` makes each worker's driver (default vLLM's). ``started``, when given,
+    lists the workers whose start was recorded: a stop of any other is ``not-profiling``.
     """
     if action not in ACTIONS:
         raise ValueError(f"'action' must be one of {', '.join(ACTIONS)}: {action!r}")
@@ -143,11 +200,13 @@ def fan_out(
         raise ValueError(f"'concurrency' must be >= 1: {concurrency}")
     check_timeout(timeout_s, "timeout_s")
     check_timeout(stop_timeout_s, "stop_timeout_s")
+    make = driver_for or _vllm_driver
 
     def call(url: str) -> WorkerOutcome:
         if progress is not None:
             progress(url, None)
-        outcome = _act(action, url, prefix, timeout_s, stop_timeout_s)
+        here = None if started is None else url in started
+        outcome = _act(action, url, prefix, timeout_s, stop_timeout_s, make, here)
         if progress is not None:
             progress(url, outcome)
         return outcome
@@ -191,6 +250,6 @@ class EngineProgress:
                 self._tasks[url] = self._display.add(f"{url}: {_WAITING.get(self._action, self._action)}")
                 return
             task = self._tasks.get(url)
-        ended = ("flushed" if self._action == "stop" else "ok") if outcome.ok else "FAILED"
+        ended = outcome.state.replace("-", " ") if outcome.ok or outcome.state == "still-flushing" else "FAILED"
         self._display.update(task, description=f"{url}: {ended} after {outcome.seconds:.1f} s")
         self._display.stop_task(task)

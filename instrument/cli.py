@@ -1,4 +1,7 @@
-"""The ``instrument`` command line: ``plan``, ``rollout`` and ``analyze`` (the demos live in ``examples/``)."""
+"""The ``instrument`` command line: ``plan``, ``rollout`` (:mod:`instrument._rollout_cli`) and ``analyze``.
+
+The demos live in ``examples/``.
+"""
 
 from __future__ import annotations
 
@@ -69,27 +72,20 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--strict", action="store_true", help="exit 1 when the plan has warnings")
+    from instrument import _rollout_cli
+
     rollout = commands.add_parser(
         "rollout",
-        help="start, stop or check the profiler of every vLLM server behind a router",
+        help="launch arguments for vLLM servers; start, stop (and relocate) or check their profilers",
         description=(
-            "Send /start_profile or /stop_profile to every healthy vLLM server listed by a router's /workers "
-            "(or given with --worker-url), a few at a time, and print a table. 'status' says whether each "
-            "server has profiling routes. Exit status: 0 all ok, 1 any worker failed, 2 bad arguments or router."
+            "launch-args prints a vLLM server's profiler arguments; start / stop / status call every healthy "
+            "server listed by a router's /workers (or given with --worker-url), a few at a time, and print a "
+            "table; stop --save-path moves this step's engine traces into save_path. docs/rollout.md."
         ),
+        epilog=_rollout_cli.EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rollout.add_argument("action", choices=["start", "stop", "status"])
-    source = rollout.add_mutually_exclusive_group(required=True)
-    source.add_argument("--router-url", metavar="URL", help="a router answering GET /workers")
-    source.add_argument("--worker-url", metavar="URL", action="append", help="a vLLM server; repeat it")
-    rollout.add_argument("--prefix", help="profile_prefix for start (e.g. step3)")
-    rollout.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds per call (default 10)")
-    rollout.add_argument(
-        "--stop-timeout", type=float, default=600.0, metavar="S", help="seconds a stop may take to flush (default 600)"
-    )
-    rollout.add_argument("--concurrency", type=int, default=16, metavar="N", help="workers called at once")
-    rollout.add_argument("--json", action="store_true", help="print the outcomes as JSON")
-    rollout.add_argument("--quiet", action="store_true", help="no progress (it is only ever drawn on a terminal)")
+    _rollout_cli.add_arguments(rollout)
     from instrument.analyze import _cli as analyze_cli  # standard library only: no rich, matplotlib or torch
 
     analyze = commands.add_parser(
@@ -220,36 +216,6 @@ def _run_plan(args: argparse.Namespace) -> int:
     return 1 if args.strict and run.warnings else 0
 
 
-def _run_rollout(args: argparse.Namespace) -> int:
-    from instrument import _rollout
-
-    if args.router_url:
-        workers = _rollout.list_router_workers(args.router_url, timeout_s=args.timeout)
-    else:
-        workers = [(url, True) for url in args.worker_url]
-    healthy = [url for url, ok in workers if ok]
-    with _rollout.EngineProgress(args.action, quiet=args.quiet or args.json) as progress:
-        outcomes = _rollout.fan_out(
-            args.action,
-            healthy,
-            prefix=args.prefix,
-            concurrency=args.concurrency,
-            timeout_s=args.timeout,
-            stop_timeout_s=args.stop_timeout,
-            progress=progress,
-        )
-    outcomes += [
-        _rollout.WorkerOutcome(url, False, "the router reports it unhealthy: not contacted", 0.0)
-        for url, ok in workers
-        if not ok
-    ]
-    if args.json:
-        print(json.dumps([o.__dict__ for o in outcomes], indent=2))
-    else:
-        print(_rollout.render_table(outcomes))
-    return 0 if all(o.ok for o in outcomes) else 1
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``instrument`` console script; returns the exit status."""
     parser = _build_parser()
@@ -258,7 +224,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plan":
             return _run_plan(args)
         if args.command == "rollout":
-            return _run_rollout(args)
+            from instrument import _rollout_cli
+
+            return _rollout_cli.main_from_args(args)
         if args.command == "analyze":
             from instrument.analyze import _cli as analyze_cli
 

@@ -202,7 +202,7 @@ def test_stop_against_a_drip_ends_at_the_stop_timeout(peer: Callable[[Behaviour]
     result = _cli("stop", "--worker-url", drip, "--stop-timeout", "3", "--json")
     assert "Traceback" not in result.stderr
     assert result.returncode == 1
-    [outcome] = json.loads(result.stdout)
+    [outcome] = json.loads(result.stdout)["workers"]
     assert outcome["ok"] is False
     assert "/stop_profile timed out after 3 s" in outcome["detail"]
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import stat
 import threading
 import time
@@ -31,9 +32,11 @@ __all__ = [
     "VLLM_TRACES",
     "EngineDriver",
     "EngineProfilerError",
+    "EngineStillFlushingError",
     "EngineTraces",
     "RelocationResult",
     "engine_to_drive",
+    "prefixed_step",
     "process_publisher",
     "relocate_engine_traces",
     "replica_profiler_dir",
@@ -44,6 +47,10 @@ logger = logging.getLogger("instrument")
 
 class EngineProfilerError(RuntimeError):
     """An engine profiler call failed; the message says what to do about it."""
+
+
+class EngineStillFlushingError(EngineProfilerError, TimeoutError):
+    """A stop ran past its deadline while the server still answers: it is still writing its traces."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,7 @@ class RelocationResult:
     moved: list[TraceRecord] = field(default_factory=list)
     dropped: list[str] = field(default_factory=list)  # TP peers, left where they were
     failed: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # another step's or an earlier session's, left in place
     settled: bool = True  # False: the files were still changing at the deadline (moved anyway)
 
 
@@ -124,17 +132,35 @@ def _warn(what: str, exc: BaseException) -> None:
     logger.warning("instrument: %s: %s", what, exc)
 
 
-def _regular_files(source: Path, since_ns: int | None) -> list[Path]:
-    """The regular files of ``source`` (never a link), skipping hidden ones and those older than ``since_ns``."""
+_STEP_PREFIX = re.compile(r"^step(\d+)_")
+
+
+def prefixed_step(filename: str) -> int | None:
+    """The step of an engine file named with a ``step{S}_`` profile prefix (the drivers' prefix), else ``None``."""
+    match = _STEP_PREFIX.match(filename)
+    return int(match[1]) if match else None
+
+
+def _candidates(source: Path, step: int, since_ns: int | None, result: RelocationResult) -> list[Path]:
+    """The regular files of ``source`` (never a link, never hidden) written for ``step``.
+
+    A name prefixed ``step{N}_`` with another N belongs to that step, and a file last modified
+    before ``since_ns`` to an earlier session: both stay where they are (``result.skipped``).
+    """
     found = []
     for path in source.iterdir():
         try:
             st = path.lstat()
         except OSError:
             continue  # vanished since the listing
-        fresh = since_ns is None or st.st_mtime_ns >= since_ns
-        if stat.S_ISREG(st.st_mode) and not path.name.startswith(".") and fresh:
-            found.append(path)
+        if not stat.S_ISREG(st.st_mode) or path.name.startswith("."):
+            continue
+        labelled = prefixed_step(path.name)
+        if (labelled is not None and labelled != step) or (since_ns is not None and st.st_mtime_ns < since_ns):
+            result.skipped.append(str(path))
+            continue
+        found.append(path)
+    result.skipped.sort()
     return sorted(found)
 
 
@@ -162,8 +188,10 @@ def relocate_engine_traces(
     ``traces`` says how the engine names its files (default vLLM's). Waits until the files stop
     changing; a file whose rank cannot be read is kept (labelled ``rank-unknown``); frontend
     traces are labelled ``frontend``; TP peers are left in place. Moves never overwrite
-    (cross-filesystem: temp copy, fsync, rename). ``since_ns`` skips files last modified before
-    it (an earlier step's leftovers); links and other non-regular files are never touched.
+    (cross-filesystem: temp copy, fsync, rename). Only this step's files move: a name prefixed
+    ``step{N}_`` for another step is never relabelled, and ``since_ns`` (the start of this
+    profiling session, ``time.time_ns()``) skips files last modified before it; both are left in
+    place (``result.skipped``). Links and other non-regular files are never touched.
 
     Each moved file's record goes to ``publish`` (``manifest`` is short for ``publish=manifest.append``).
     Problems (files still changing, a failed move, a failed ``publish``) go to ``report(what, exc)``
@@ -174,8 +202,8 @@ def relocate_engine_traces(
     if publish is None and manifest is not None:
         publish = manifest.append
     source = Path(source_dir)
-    candidates = _regular_files(source, since_ns)
     result = RelocationResult()
+    candidates = _candidates(source, step, since_ns, result)
     # A file that vanishes while we wait is a change like any other: the rest are still waited for.
     if not wait_until_stable(candidates, quiet_s=quiet_s, timeout_s=timeout_s, missing_ok=True):
         result.settled = False

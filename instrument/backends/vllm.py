@@ -31,11 +31,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from instrument._http import check_http_url, check_timeout
+from instrument._http import HttpTimeoutError, check_http_url, check_timeout
 from instrument._http import request as http_request
 from instrument.backends.engines import (
     VLLM_TRACES,
     EngineProfilerError,
+    EngineStillFlushingError,
     RelocationResult,
     RolloutProfiler,
     engine_to_drive,
@@ -47,6 +48,7 @@ from instrument.config import ProfilerConfig
 __all__ = [
     "EngineDriver",
     "EngineProfilerError",
+    "EngineStillFlushingError",
     "HttpEngineDriver",
     "InProcessEngineDriver",
     "LaunchArgs",
@@ -67,6 +69,8 @@ PROFILER_CONFIG_SINCE = (0, 13)
 
 ENV_VARIABLES_UNTIL = (0, 16)
 """First vLLM release without the ``VLLM_TORCH_PROFILER_*`` variables."""
+
+_HEALTH_TIMEOUT_S = 5.0  # the /health probe after a stop ran out of time: a live server answers at once
 
 _ITERATION_ENV_SINCE = (0, 12)  # VLLM_PROFILER_DELAY_ITERS / _MAX_ITERS and VLLM_TORCH_PROFILER_USE_GZIP
 
@@ -249,25 +253,55 @@ class HttpEngineDriver:
         return "/start_profile" in paths and "/stop_profile" in paths
 
     def start(self, prefix: str | None = None) -> None:
-        """Start profiling; a profiler already running (409) is stopped and started again."""
+        """Start profiling; a profiler already running (409) is stopped (its traces flushed) and started again."""
+        if self.start_profile(prefix):
+            logger.warning(
+                "instrument: %s was already profiling; its earlier traces were flushed, profiling restarted",
+                self.base_url,
+            )
+
+    def start_profile(self, prefix: str | None = None) -> bool:
+        """Start profiling; ``True`` when the server was already profiling (409): it was stopped, its
+        earlier traces flushed under their own prefix, and started again."""
         body = {"profile_prefix": prefix} if prefix else None
         status, text = http_request(
             f"{self.base_url}/start_profile", method="POST", body=body, timeout_s=self.timeout_s
         )
-        if status == 409:
-            logger.warning("instrument: %s was already profiling; stopping it and starting again", self.base_url)
+        restarted = status == 409
+        if restarted:
             self.stop()
             status, text = http_request(
                 f"{self.base_url}/start_profile", method="POST", body=body, timeout_s=self.timeout_s
             )
         self._check(status, text, "start_profile")
+        return restarted
 
     def stop(self) -> float:
-        """Stop profiling and wait for the flush (up to ``stop_timeout_s``); returns the seconds it took."""
+        """Stop profiling and wait for the flush (up to ``stop_timeout_s``); returns the seconds it took.
+
+        Past the deadline, a server that still answers ``GET /health`` raises
+        :class:`EngineStillFlushingError` (it goes on writing); any other failure is an ``OSError``.
+        """
         started = time.monotonic()
-        status, text = http_request(f"{self.base_url}/stop_profile", method="POST", timeout_s=self.stop_timeout_s)
+        try:
+            status, text = http_request(f"{self.base_url}/stop_profile", method="POST", timeout_s=self.stop_timeout_s)
+        except HttpTimeoutError:
+            if self.healthy():
+                raise EngineStillFlushingError(
+                    f"{self.base_url}: still flushing after {self.stop_timeout_s:g} s (the server answers /health); "
+                    "its traces appear once vLLM has written them: wait, or raise the stop timeout"
+                ) from None
+            raise
         self._check(status, text, "stop_profile")
         return time.monotonic() - started
+
+    def healthy(self) -> bool:
+        """Whether ``GET /health`` answers 200 within ``min(timeout_s, 5)`` seconds; never raises."""
+        try:
+            status, _ = http_request(f"{self.base_url}/health", timeout_s=min(self.timeout_s, _HEALTH_TIMEOUT_S))
+        except (OSError, ValueError):
+            return False
+        return status == 200
 
     def _check(self, status: int, text: bytes, route: str) -> None:
         if status == 404:
