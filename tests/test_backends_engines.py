@@ -267,3 +267,13 @@ def test_an_async_engine_inside_a_running_loop_is_a_counted_failure_not_a_stray_
     assert profiler.failures == 1
     [coroutine] = made
     assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED  # no "never awaited" RuntimeWarning later
+
+
+def test_relocation_never_relabels_another_steps_files(tmp_path: Path) -> None:
+    earlier = ["step3_rank0.1.pt.trace.json.gz", "step3_host_1.async_llm.2.pt.trace.json.gz"]
+    result = _relocate(tmp_path, [*earlier, "step7_rank0.3.pt.trace.json.gz"], step=7)
+    assert [Path(r.path).name for r in result.moved] == [
+        "rollout_engine_step7_rank0-of-1_replica0_step7_rank0.3.pt.trace.json.gz"
+    ]
+    assert sorted(Path(p).name for p in result.skipped) == sorted(earlier)
+    assert sorted(p.name for p in (tmp_path / "engine").iterdir()) == sorted(earlier)  # left as vLLM wrote them

@@ -24,6 +24,7 @@ from instrument._manifest import Manifest, read_manifests
 from instrument.backends.vllm import (
     EngineDriver,
     EngineProfilerError,
+    EngineStillFlushingError,
     HttpEngineDriver,
     RolloutProfiler,
     engine_to_drive,
@@ -339,3 +340,15 @@ def test_router_listing_shapes_and_errors(stub: tuple[str, dict[str, tuple[int, 
     routes["/workers"] = (302, {"Location": "http://elsewhere/workers"}, b"")
     with pytest.raises(ValueError, match="answered 302"):
         list_router_workers(url)
+
+
+def test_a_stop_past_its_deadline_on_a_live_server_is_still_flushing(stub_server: type[_Stub]) -> None:
+    url, routes = stub_server.url, stub_server.routes
+    routes["/stop_profile"] = (0, {}, b"")  # held: a flush longer than the deadline
+    routes["/health"] = (200, {}, b"")
+    with pytest.raises(EngineStillFlushingError, match=r"still flushing after 0\.5 s \(the server answers /health\)"):
+        HttpEngineDriver(url, stop_timeout_s=0.5).stop()
+    stub_server.release.set()  # the flush ends
+    routes["/start_profile"] = (409, {}, b"")  # already profiling, and stays so: the restart's own start fails
+    with pytest.raises(EngineProfilerError, match="answered 409"):
+        HttpEngineDriver(url, stop_timeout_s=0.5).start_profile("step1")
