@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -168,6 +170,9 @@ def peer() -> Iterator[Callable[[Behaviour], str]]:
         p.close()
 
 
+_STATE = tempfile.mkdtemp(prefix="instrument-rollout-state-")  # start markers stay out of the user's home
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     """``instrument rollout ...`` in a subprocess; returning before the hang guard proves the bound."""
     return subprocess.run(
@@ -176,6 +181,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=HANG_GUARD_S,
         check=False,
+        env={**os.environ, "XDG_STATE_HOME": _STATE},
     )
 
 
