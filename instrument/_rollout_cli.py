@@ -76,7 +76,8 @@ def add_arguments(rollout: argparse.ArgumentParser) -> None:
     launch.add_argument("--vllm-version", metavar="V", help="the engine's vLLM version, e.g. 0.14.0")
     launch.add_argument("--json", action="store_true", help="print args, env and the version as JSON")
 
-    start = actions.add_parser("start", help="POST /start_profile to every worker", epilog=EPILOG)
+    raw = argparse.RawDescriptionHelpFormatter
+    start = actions.add_parser("start", help="POST /start_profile to every worker", epilog=EPILOG, formatter_class=raw)
     _common(start)
     start.add_argument(
         "--prefix", help="profile_prefix (default step{S} with --step); vLLM >= 0.32 names files with it"
@@ -97,7 +98,9 @@ def add_arguments(rollout: argparse.ArgumentParser) -> None:
     stop.add_argument("--gpus-per-replica", type=int, default=1, metavar="G", help="tp x pp x dp (default 1)")
     stop.add_argument("--world-size", type=int, metavar="W", help="global GPU ranks (default: workers x G)")
 
-    status = actions.add_parser("status", help="which workers have profiling routes", epilog=EPILOG)
+    status = actions.add_parser(
+        "status", help="which workers have profiling routes", epilog=EPILOG, formatter_class=raw
+    )
     _common(status)
 
 
