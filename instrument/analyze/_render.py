@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from instrument.analyze._destination import UnsafeDestinationError, write_new_file
 from instrument.analyze._picture import png_bytes, stage_colors
+from instrument.analyze._snapshots import HOW_TO_OPEN, MEMORY_HEADERS, memory_rows
 from instrument.analyze._words import ms, pct, plural, size
 
 if TYPE_CHECKING:
@@ -251,6 +252,8 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
         text = _plain(columns, rows, [headline, *legend])
         if gpu:
             text += "\n\nGPU time per rank\n" + _plain(GPU_HEADERS, gpu, [_GPU_LEGEND])
+        if report.memory:
+            text += "\n\nMemory files\n" + _plain(MEMORY_HEADERS, memory_rows(report.memory), [HOW_TO_OPEN])
         return "\n".join([text, *notes])
     table = Table(title=f"instrument analyze: {report.directory}", title_justify="left", header_style="bold")
     # Labels up to 32 characters stay on one line and the numbers' headers wrap instead ("work med" over
@@ -286,6 +289,15 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
         console.print()
         console.print(small)
         console.print(_GPU_LEGEND, markup=False)
+    if report.memory:  # CUDA snapshots and CPU memory timelines beside the traces
+        files = Table(title="Memory files", title_justify="left", header_style="bold")
+        for header in MEMORY_HEADERS:
+            files.add_column(header, justify="right" if header in ("step", "rank", "size") else "left")
+        for row in memory_rows(report.memory):
+            files.add_row(*(Text(cell) for cell in row))
+        console.print()
+        console.print(files)
+        console.print(HOW_TO_OPEN, markup=False)
     for line in notes:
         console.print(line, markup=False)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
@@ -341,6 +353,18 @@ def _gpu_section(report: Report) -> str:
     )
 
 
+def _memory_section(report: Report) -> str:
+    """The page's list of memory snapshots and timelines, or nothing."""
+    if not report.memory:
+        return ""
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in MEMORY_HEADERS)
+    rows = memory_rows(report.memory)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    note = html.escape(HOW_TO_OPEN)
+    table = f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return f'<h2>Memory files</h2>\n{table}\n<p class="note">{note}</p>\n'
+
+
 def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
     """Write one self-contained page: summary, the tables, skipped files and the picture inline
     (:func:`write_new_file`)."""
@@ -378,7 +402,7 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
 <table><thead><tr>{head}</tr></thead><tbody>
 {"".join(body)}
 </tbody></table>
-{_gpu_section(report)}{f"<h2>Skipped files</h2><ul>{skipped}</ul>" if skipped else ""}
+{_gpu_section(report)}{_memory_section(report)}{f"<h2>Skipped files</h2><ul>{skipped}</ul>" if skipped else ""}
 <h2>Picture</h2>
 <img src="data:image/png;base64,{picture}" alt="{alt}">
 </body></html>

@@ -31,6 +31,7 @@ from instrument.analyze._reader import (
     scan_file,
     with_rank_from_header,
 )
+from instrument.analyze._snapshots import MemoryFile, find_memory_files
 from instrument.analyze._stats import RankStats, StageStats, across
 
 __all__ = ["CLOCK_CAVEAT", "PARALLEL_MIN_BYTES", "RankStats", "Report", "StageStats", "analyze"]
@@ -58,6 +59,8 @@ class Report:
     caveat: str = CLOCK_CAVEAT
     gpu: tuple[dict[str, Any], ...] = ()
     """GPU time per rank: the whole trace (``step`` None), then each ``ProfilerStep`` (:mod:`._gpu`)."""
+    memory: tuple[MemoryFile, ...] = ()
+    """CUDA memory snapshots and CPU memory timelines beside the traces (:mod:`._snapshots`)."""
 
     @property
     def ok(self) -> bool:
@@ -95,6 +98,7 @@ class Report:
             "stages": [s.to_dict() for s in self.stages],
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
             "gpu": list(self.gpu),
+            "memory": [m.to_dict() for m in self.memory],
         }
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -286,7 +290,16 @@ def analyze(
         elapsed_s=time.perf_counter() - started,
         jobs=jobs,
         gpu=fold.gpu_rows(),
+        memory=tuple(_memory_files(root, filters)),
     )
+
+
+def _memory_files(root: Path, filters: Filters) -> list[MemoryFile]:
+    """Snapshots and timelines under the same filters; a listing that fails only leaves them out."""
+    try:
+        return find_memory_files(root, ranks=filters.ranks, steps=filters.steps, stages=filters.stages)
+    except OSError:
+        return []
 
 
 def _identified(found: list[TraceFile], filters: Filters, skipped: list[Skipped]) -> list[TraceFile]:

@@ -1,0 +1,183 @@
+"""Memory files beside the traces: CUDA snapshots (``.pickle``) and CPU memory timelines (HTML).
+
+``instrument analyze`` lists them with their size and, for a snapshot small enough to read
+cheaply (:data:`READ_MAX_BYTES`), the peak of allocated memory over its recorded history. A
+snapshot is a pickle, and unpickling a file from a directory we do not trust could run code:
+:class:`_PlainUnpickler` refuses every global (class or function), so only plain lists, dicts,
+strings and numbers come out -- which is all a ``torch.cuda.memory._snapshot()`` holds; anything
+else is reported as unreadable. Larger files are not read at all (the peak is then ``None``).
+
+Open a snapshot in PyTorch's memory viewer, https://pytorch.org/memory_viz (drag the file in;
+it runs in the browser), or ``python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html``.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from instrument.analyze import _safe_io
+from instrument.analyze._names import label_key
+from instrument.analyze._words import size as _size
+from instrument.naming import parse_trace_name
+
+__all__ = [
+    "HOW_TO_OPEN",
+    "MEMORY_HEADERS",
+    "MEMORY_VIZ",
+    "READ_MAX_BYTES",
+    "MemoryFile",
+    "find_memory_files",
+    "memory_rows",
+    "peak_allocated",
+]
+
+READ_MAX_BYTES = 16 << 20
+"""Snapshots up to this size are read for their peak; larger ones are only listed (memory_viz reads them)."""
+
+MEMORY_VIZ = "https://pytorch.org/memory_viz"
+HOW_TO_OPEN = (
+    f"open a .pickle in PyTorch's memory viewer, {MEMORY_VIZ} (drag it in; it runs in the browser), or run "
+    "`python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`; a .memory-timeline.html opens in any browser"
+)
+
+_SNAPSHOT = ".pickle"
+_TIMELINE = ".memory-timeline.html"
+
+
+@dataclass(frozen=True)
+class MemoryFile:
+    """One memory file: what its name says, its size and (snapshots read here) peak allocated bytes."""
+
+    path: str
+    kind: str  # "snapshot" | "oom snapshot" | "timeline"
+    role: str
+    stage: str
+    step: int
+    rank: int
+    window: tuple[int, int] | None
+    bytes: int
+    peak_allocated: int | None = None
+    note: str = ""  # why no peak: too large to read here, not a snapshot
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["window"] = None if self.window is None else list(self.window)
+        return data
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Unpickles builtin containers and scalars only: any class or function is refused, so nothing runs."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refused {module}.{name}: a memory snapshot holds plain values only")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise pickle.UnpicklingError("refused a persistent id: a memory snapshot holds plain values only")
+
+
+def peak_allocated(snapshot: Any) -> int:
+    """Peak allocated bytes over a snapshot's recorded history, ending at its segments' allocated bytes.
+
+    Walks the trace backwards from the final state: before an ``alloc`` there was less, before a
+    ``free_completed`` more. Without history this is the allocated memory at the snapshot.
+    """
+    if not isinstance(snapshot, dict):
+        raise ValueError("not a memory snapshot (no mapping at its top)")
+    segments = snapshot.get("segments")
+    if not isinstance(segments, list):
+        raise ValueError("not a memory snapshot (no 'segments' list)")
+    now = sum(int(s.get("allocated_size", 0)) for s in segments if isinstance(s, dict))
+    peak = now
+    for trace in snapshot.get("device_traces") or ():
+        if not isinstance(trace, list):
+            continue
+        current = now  # each device's history is walked on its own from the same end state
+        for entry in reversed(trace):
+            if not isinstance(entry, dict):
+                continue
+            action, size = entry.get("action"), int(entry.get("size", 0) or 0)
+            if action == "alloc":
+                current -= size
+            elif action == "free_completed":
+                current += size
+            peak = max(peak, current)
+    return peak
+
+
+def _read_peak(path: str, size: int) -> tuple[int | None, str]:
+    if size > READ_MAX_BYTES:
+        return None, f"not read: over {READ_MAX_BYTES >> 20} MiB"
+    try:
+        with _safe_io.open_regular(path) as handle:
+            data = handle.read(READ_MAX_BYTES + 1)
+        if len(data) > READ_MAX_BYTES:
+            return None, f"not read: over {READ_MAX_BYTES >> 20} MiB"
+        return peak_allocated(_PlainUnpickler(io.BytesIO(data)).load()), ""
+    except (OSError, _safe_io.TraceError) as exc:
+        return None, f"unreadable: {exc}"
+    except Exception as exc:  # a broken or hostile pickle: any unpickling error
+        return None, f"not a readable snapshot: {type(exc).__name__}: {exc}"
+
+
+def find_memory_files(
+    directory: str | os.PathLike[str],
+    *,
+    ranks: Iterable[int] | None = None,
+    steps: Iterable[int] | None = None,
+    stages: Iterable[str] | None = None,
+) -> list[MemoryFile]:
+    """The memory files of ``directory`` named by the SDK, filtered like the traces, sorted by name."""
+    rank_set = None if ranks is None else frozenset(ranks)
+    step_set = None if steps is None else frozenset(steps)
+    stage_set = None if stages is None else frozenset(stages)
+    found = []
+    with os.scandir(directory) as listing:
+        names = sorted(
+            e.name for e in listing if not e.name.startswith(".") and e.name.endswith((_SNAPSHOT, _TIMELINE))
+        )
+    for name in names:
+        parsed = parse_trace_name(name)
+        path = str(Path(directory) / name)
+        if parsed is None or _safe_io.entry_problem(path) is not None:
+            continue
+        oom = parsed.stage.startswith("oom-")
+        stage = parsed.stage.removeprefix("oom-") if oom else parsed.stage
+        if (rank_set is not None and parsed.rank not in rank_set) or (
+            step_set is not None and parsed.step not in step_set
+        ):
+            continue
+        if stage_set is not None and label_key(stage) not in stage_set:
+            continue
+        size = os.stat(path).st_size
+        if name.endswith(_TIMELINE):
+            kind, peak, note = "timeline", None, ""
+        else:
+            kind = "oom snapshot" if oom else "snapshot"
+            peak, note = _read_peak(path, size)
+        found.append(
+            MemoryFile(path, kind, parsed.role, stage, parsed.step, parsed.rank, parsed.window, size, peak, note)
+        )
+    return found
+
+
+MEMORY_HEADERS = ("kind", "role", "stage", "step", "rank", "window", "size", "peak allocated", "file")
+
+
+def memory_rows(files: Iterable[MemoryFile]) -> list[tuple[str, ...]]:
+    """The rows ``instrument analyze`` shows for memory files (:data:`MEMORY_HEADERS`)."""
+    rows: list[tuple[str, ...]] = []
+    for f in files:
+        window = (
+            "" if f.window is None else f"mb{f.window[0]}" + ("" if f.window[0] == f.window[1] else f"-{f.window[1]}")
+        )
+        peak = _size(f.peak_allocated) if f.peak_allocated is not None else (f.note or "-")
+        rows.append(
+            (f.kind, f.role, f.stage, str(f.step), str(f.rank), window, _size(f.bytes), peak, Path(f.path).name)
+        )
+    return rows
