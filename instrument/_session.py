@@ -222,6 +222,9 @@ class Session(StageTracing):
                     # Stages of this step need only a range: decorated calls open it themselves.
                     STATE.fast_thread = 0 if getattr(backend, "ranges_per_thread", False) else threading.get_ident()
                     STATE.fast = {}
+            elif self.config.discrete and self.metrics is None and hasattr(backend, "fast_stage"):
+                # Each stage opens its own capture range and range (NVTX): no session bookkeeping needed.
+                STATE.fast_thread, STATE.fast = 0, {}
             STATE.recording = STATE.engaged = True
         except Exception as exc:
             self._fail(f"could not start profiling step {step}", exc)

@@ -141,7 +141,10 @@ class StageTracing:
                 frame.close_range = backend.enter_range(name, concurrent=concurrent)
                 fast = STATE.fast
                 if fast is not None and name not in fast:  # the next calls of this stage open the range alone
-                    fast[name] = backend.fast_range(name)  # type: ignore[attr-defined]
+                    if not self.config.discrete:
+                        fast[name] = backend.fast_range(name)  # type: ignore[attr-defined]
+                    elif frame.traced and not frame.windowed:  # and their capture range (see begin_step)
+                        fast[name] = backend.fast_stage(name)  # type: ignore[attr-defined]
             except Exception as exc:
                 self._fail(f"could not start stage {name!r}", exc)
         return frame
@@ -196,8 +199,9 @@ class StageTracing:
         if backend is None:
             return frame, None
         if frame is None or frame.trace != self._trace:
-            # A stage that opened its own range (fast path) keeps no frame: in the step's trace, a range.
-            if STATE.fast is None or not backend.tracing:
+            # A stage that opened its own range (fast path) keeps no frame: its mini-batches are ranges
+            # too, in the step's trace (continuous) or as NVTX ranges (discrete, traced or not).
+            if STATE.fast is None or not (backend.tracing or self.config.discrete):
                 return frame, None
             frame = None
         close = None

@@ -449,6 +449,61 @@ def test_a_scheduled_stage_captures_only_its_recorded_window(nvtx_tool: Path, tm
     _assert_balanced(events)
 
 
+_REPEATED_STAGES = """
+class Fast:
+    @ins.profiled_stage("rollout")
+    def rollout(self, fail=False):
+        self.score()
+        with ins.profile_window(mini_batch=0):
+            pass
+        if fail:
+            raise BoomError("user error")
+
+    @ins.profiled_stage("score")
+    def score(self):
+        pass
+
+
+ins.configure(ins.ProfilerConfig(tool="nvtx", save_path="profile", steps=(1,)), role="actor", rank=0, world_size=1)
+fast = Fast()
+with ins.profile_step(1):
+    for call in range(3):
+        try:
+            fast.rollout(fail=(call == 2))
+        except BoomError:
+            note("raised")
+ins.finish()
+"""
+
+_ONE_CALL = ["push rollout step1", "push score step1", "pop score step1", "push mini_batch0 step1"]
+_ONE_CALL += ["pop mini_batch0 step1", "pop rollout step1"]
+
+
+def test_repeated_discrete_stages_keep_their_capture_ranges_on_the_fast_path(nvtx_tool: Path, tmp_path: Path) -> None:
+    """cudaProfilerStart/Stop are replaced by a recorder (``CUDA_PROFILER``) because there is no GPU here.
+
+    The first call of a stage in a step goes through the session; the next ones open their
+    capture range and range by themselves (a fast path). Seen from the tool, every call looks the
+    same: one capture range around the outer stage, the nested stage and the mini-batch inside it,
+    also when the stage raises.
+    """
+    events = _run(nvtx_tool, tmp_path, "nvtx_backend.CUDA_PROFILER = CaptureRecorder()\n" + _REPEATED_STAGES)
+    timeline = _timeline(events)
+    assert _capture_pairs([line for line in timeline if line != "raised"]) == [_ONE_CALL] * 3
+    assert timeline[-1] == "raised"
+    _assert_balanced(events)
+
+
+def test_without_cuda_repeated_discrete_stages_are_ranges_only(nvtx_tool: Path, tmp_path: Path) -> None:
+    """The real capture-range seam on a machine without CUDA (torch imported, CPU build): no capture
+    ranges, the same ranges on the first call and on the fast path, and nothing absorbed."""
+    pytest.importorskip("torch")
+    body = "import torch\n" + _REPEATED_STAGES + "assert ins.current_run().failures == 0, ins.current_run()\n"
+    events = _run(nvtx_tool, tmp_path, body)
+    assert [line for line in _timeline(events) if line != "raised"] == _ONE_CALL * 3
+    _assert_balanced(events)
+
+
 # ---------------------------------------------------------------------- in this process (no tool attached)
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -55,34 +56,50 @@ def stage_color(stage: str) -> int:
 
 
 class _CudaProfiler:
-    """``cudaProfilerStart/Stop`` through torch when CUDA is there; a one-time notice otherwise."""
+    """``cudaProfilerStart/Stop`` through torch when CUDA is there; a one-time notice otherwise.
+
+    Until torch is imported, each call looks again. Once it is, the answer is final for the
+    process, and ``start``/``stop`` become torch's calls or C no-ops: the discrete fast path
+    calls them on every stage.
+    """
 
     def __init__(self) -> None:
         self._noticed = False
+        self._final = False  # torch was imported and asked: its answer does not change in a process
+        self._cuda: Any = None  # torch.cuda.profiler, when there is CUDA
 
-    def _cuda(self) -> Any:
-        torch = sys.modules.get("torch")
-        if torch is not None and torch.cuda.is_available():
-            return torch.cuda.profiler
-        if not self._noticed:
+    def _resolve(self) -> Any:
+        if not self._final and (torch := sys.modules.get("torch")) is not None:
+            self._final = True
+            self._cuda = torch.cuda.profiler if torch.cuda.is_available() else None
+            self.start = _NOTHING if self._cuda is None else self._cuda.start  # type: ignore[method-assign,assignment]
+            self.stop = _NOTHING if self._cuda is None else self._cuda.stop  # type: ignore[method-assign,assignment]
+        if self._cuda is None and not self._noticed:
             self._noticed = True
             logger.info(
                 "instrument: no CUDA in this process: NVTX ranges are emitted, capture ranges "
                 "(cudaProfilerStart/Stop) are not"
             )
-        return None
+        return self._cuda
+
+    def present(self) -> bool:
+        """Whether capture ranges reach CUDA in this process (torch imported, CUDA available)."""
+        return self._resolve() is not None
 
     def start(self) -> None:
         """Open a capture range."""
-        cuda = self._cuda()
+        cuda = self._resolve()
         if cuda is not None:
             cuda.start()
 
     def stop(self) -> None:
         """Close the capture range."""
-        cuda = self._cuda()
+        cuda = self._resolve()
         if cuda is not None:
             cuda.stop()
+
+
+_NOTHING = "".format  # a C callable that takes no arguments and does nothing that matters
 
 
 CUDA_PROFILER: Any = _CudaProfiler()
@@ -103,6 +120,10 @@ class NvtxBackend:
         self._step = 0
         self._spec: TraceSpec | None = None
         self._capturing = False
+        # Capture ranges are process-wide; the lock orders their start/stop between the session's
+        # stages and the discrete fast path's holders (decorated calls on any thread).
+        self._lock = threading.Lock()
+        self._holders = 0
         self._close_outer: Callable[[], None] | None = None
         self._mini_batches = 0
         self.windows_saved = 0
@@ -148,10 +169,49 @@ class NvtxBackend:
 
     @property
     def tracing(self) -> bool:
-        """Whether a stage or step is open in this backend."""
-        return self._spec is not None
+        """Whether a stage or step is open in this backend (through the session or the fast path)."""
+        return self._spec is not None or self._holders > 0
+
+    def fast_stage(self, name: str) -> tuple[Callable[[Any], None], Any, Callable[[], None]]:
+        """What a decorated call opens by itself on a discrete step: its capture range and range, and their close.
+
+        The first holder opens the capture range and the last closes it, unless a stage the session
+        opened (a scheduled one, a ``with`` block) holds it: then it is that stage's to close.
+        Without CUDA a capture range is nothing, and a range is all there is to open.
+        """
+        attributes = self._attributes_for(name)
+        profiler = CUDA_PROFILER
+        if isinstance(profiler, _CudaProfiler) and not profiler.present():  # decided once per step and stage
+            return (self._domain.push_range, attributes, self._domain.pop_range)
+        return (self._hold, attributes, self._let_go)
+
+    # _hold and _let_go run around every fast-path call: _capture is inlined (one Python call less each).
+
+    def _hold(self, attributes: Any) -> None:
+        try:
+            with self._lock:
+                self._holders += 1
+                if self._holders == 1 and self._spec is None and not self._capturing:
+                    self._capturing = True
+                    CUDA_PROFILER.start()
+            self._domain.push_range(attributes)
+        except Exception as exc:  # the fast path runs in the user's call: report, never raise
+            self._report("could not open a capture range", exc)
+
+    def _let_go(self) -> None:
+        try:
+            self._domain.pop_range()
+            with self._lock:
+                self._holders -= 1
+                if self._holders == 0 and self._spec is None and self._capturing:
+                    self._capturing = False
+                    self.windows_saved += 1
+                    CUDA_PROFILER.stop()
+        except Exception as exc:
+            self._report("could not close a capture range", exc)
 
     def _capture(self, on: bool) -> None:
+        """Open or close the capture range (caller holds the lock)."""
         if on == self._capturing:
             return
         self._capturing = on
@@ -165,10 +225,12 @@ class NvtxBackend:
         """Open a stage (discrete) or a step (continuous): a capture range, or a schedule of them."""
         if self._spec is not None:
             raise RuntimeError(f"already tracing {self._spec}")
-        self._spec, self._mini_batches, self.windows_saved = spec, 0, 0
+        self._mini_batches, self.windows_saved = 0, 0
         self._role, self._step = spec.role, spec.step
-        if spec.schedule is None or action_at(0, spec.schedule) in _RECORDING:
-            self._capture(True)
+        with self._lock:
+            self._spec = spec
+            if spec.schedule is None or action_at(0, spec.schedule) in _RECORDING:
+                self._capture(True)
         if spec.stage == naming.CONTINUOUS_STAGE:  # inside the capture range, so nsys sees it whole
             self._close_outer = self.enter_range(_STEP_RANGE)
 
@@ -178,10 +240,11 @@ class NvtxBackend:
         if spec is None or spec.schedule is None:
             return
         finished, self._mini_batches = self._mini_batches, self._mini_batches + 1
-        if action_at(finished, spec.schedule) is Action.RECORD_AND_SAVE:
-            self._capture(False)
-        if action_at(self._mini_batches, spec.schedule) in _RECORDING:
-            self._capture(True)
+        with self._lock:
+            if action_at(finished, spec.schedule) is Action.RECORD_AND_SAVE:
+                self._capture(False)
+            if action_at(self._mini_batches, spec.schedule) in _RECORDING:
+                self._capture(True)
 
     def stop(self) -> None:
         """Close the open stage or step (a window the loop ended inside closes here, partial)."""
@@ -192,8 +255,10 @@ class NvtxBackend:
                 self._close_outer()
                 self._close_outer = None
         finally:
-            self._capture(False)
-            self._spec = None
+            with self._lock:
+                self._spec = None
+                if self._holders == 0:  # else the last fast-path holder closes it
+                    self._capture(False)
 
     def flush(self) -> None:
         """Nothing is exported in-process: nsys writes the report."""
