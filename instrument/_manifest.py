@@ -20,7 +20,7 @@ from typing import Any
 
 from instrument import naming
 
-__all__ = ["MANIFEST_GLOB", "Manifest", "TraceRecord", "manifest_name", "read_manifests"]
+__all__ = ["CUT_SHORT", "MANIFEST_GLOB", "Manifest", "TraceRecord", "manifest_name", "read_manifests"]
 
 MANIFEST_GLOB = "instrument-manifest-*.jsonl"
 _NAME_ATTEMPTS = 100
@@ -102,6 +102,9 @@ class Manifest:
 MAX_LINE_BYTES = 1 << 20
 """Longest manifest line read (a record is ~300 bytes): a longer one is skipped without holding it."""
 
+CUT_SHORT = "cut short (no end of line: its writer stopped mid-line, e.g. killed); the lines before it are read"
+"""Why the last line of a manifest is skipped when it is no whole record and has no newline."""
+
 _NAMED_PER_MANIFEST = 20  # bad lines named one by one; past that, one count per manifest
 _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISSOCK, "a socket"))
 
@@ -114,7 +117,9 @@ def read_manifests(
     Only regular files are opened (a FIFO, a directory or a dangling symlink under a manifest's name
     is skipped, never waited on); a line that is not one whole, well-typed record is skipped. Each
     skip is told to ``on_skip(path, reason)`` when given, e.g. ``"line 3: 'rank' must be an int
-    (got "0")"``. Fields a newer writer adds are ignored.
+    (got "0")"``; a last line cut short by a writer killed mid-line is told as :data:`CUT_SHORT`.
+    Fields a newer writer adds are ignored. Each manifest is opened once and read line by line (a line
+    at most :data:`MAX_LINE_BYTES` held): time linear in the manifests' size, memory in one line.
     """
     tell = on_skip or (lambda _path, _reason: None)
     for manifest in sorted(Path(save_path).glob(MANIFEST_GLOB)):
@@ -135,8 +140,9 @@ def read_manifests(
                         yield _record(text)
                 except ValueError as exc:
                     bad += 1
+                    cut = line is not None and not line.endswith(b"\n")  # only the last line can lack its end
                     if bad <= _NAMED_PER_MANIFEST:
-                        tell(where, f"line {number}: {exc}")
+                        tell(where, f"line {number}: {CUT_SHORT if cut else exc}")
         if bad > _NAMED_PER_MANIFEST:
             tell(where, f"{bad - _NAMED_PER_MANIFEST} more bad lines")
 

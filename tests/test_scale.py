@@ -305,3 +305,81 @@ def test_every_planned_name_is_distinct_and_parses_back(
     for name in names:
         parsed = naming.parse_trace_name(name)
         assert parsed is not None and parsed.world_size == world
+
+
+# --------------------------------------------------------------------------- 4,096 manifests (item 4)
+
+RECORDS_PER_PROCESS = 3
+
+
+def _record(rank: int, k: int) -> TraceRecord:
+    name = naming.trace_basename(
+        role="actor", stage=f"stage{k}", step=1, rank=rank, world_size=WORLD, host=f"node{rank // TP}",
+        pid=1000 + rank % TP, timestamp_ns=1_790_000_000_000_000_000 + k,
+    ) + naming.TRACE_SUFFIX  # fmt: skip
+    return TraceRecord(name, "actor", f"stage{k}", 1, rank, WORLD, None, False, 1234, "torch")
+
+
+def _write_manifests(save: Path, cut: dict[int, int | None]) -> list[TraceRecord]:
+    """One manifest per process (rank), as :class:`Manifest` writes them; the processes in ``cut`` were
+    killed while writing one more line: only its first ``cut[rank]`` bytes reached the file (``None``:
+    up to the middle of a two-byte character)."""
+    written: list[TraceRecord] = []
+    for rank in range(WORLD):
+        manifest = Manifest(save)
+        manifest.path = save / f"instrument-manifest-node{rank // TP}-pid{1000 + rank % TP}.jsonl"
+        for k in range(RECORDS_PER_PROCESS):
+            manifest.append(record := _record(rank, k))
+            written.append(record)
+        manifest.close()
+        if rank in cut:
+            line = (_record(rank, RECORDS_PER_PROCESS).to_json().replace("actor", "actör") + "\n").encode()
+            kept = cut[rank]
+            with manifest.path.open("ab") as handle:
+                handle.write(line[: line.index("ö".encode()) + 1 if kept is None else kept])
+    return written
+
+
+CUTS: dict[int, int | None] = {7: 1, 100: 17, 2049: 120, 4095: None}  # bytes kept (None: half of a character)
+
+
+def test_4096_manifests_are_read_whole_once_each_and_a_half_written_last_line_is_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from instrument import _manifest
+
+    written = _write_manifests(tmp_path, CUTS)
+    opened: list[Path] = []
+    parsed: list[str] = []
+    open_regular, record = _manifest._open_regular, _manifest._record
+    monkeypatch.setattr(_manifest, "_open_regular", lambda path: opened.append(path) or open_regular(path))
+    monkeypatch.setattr(_manifest, "_record", lambda text: parsed.append(text) or record(text))
+    told: list[tuple[str, str]] = []
+    records = list(read_manifests(tmp_path, on_skip=lambda path, reason: told.append((Path(path).name, reason))))
+
+    by_name = sorted(written, key=lambda r: (f"instrument-manifest-node{r.rank // TP}-pid{1000 + r.rank % TP}", r.path))
+    assert records == by_name  # every whole record, in manifest order, nothing else
+    assert len(opened) == len(set(opened)) == WORLD  # each manifest opened once: linear in the manifests
+    assert len(parsed) == len(written) + len(CUTS)  # each line parsed once
+    assert told == [
+        (f"instrument-manifest-node{rank // TP}-pid{1000 + rank % TP}.jsonl", f"line 4: {_manifest.CUT_SHORT}")
+        for rank in sorted(CUTS, key=lambda r: f"instrument-manifest-node{r // TP}-pid{1000 + r % TP}")
+    ]
+
+
+def test_analysis_beside_a_half_written_manifest_line_reads_every_trace(tmp_path: Path) -> None:
+    """A rank killed while writing its manifest line: its trace is complete (published before the line)
+    and found by its name; the cut line is named once, the rest of the analysis is whole."""
+    from instrument.analyze import analyze
+    from tests.test_analyze import known_run
+
+    known_run(tmp_path)
+    (manifest,) = tmp_path.glob("instrument-manifest-*.jsonl")
+    lines = manifest.read_bytes().splitlines(keepends=True)
+    manifest.write_bytes(b"".join(lines[:-1]) + lines[-1][: len(lines[-1]) // 2])
+    report = analyze(tmp_path, jobs=1)
+    assert report.files == len(lines)  # the last line's trace too, by its name
+    assert [(Path(s.path).name, s.reason) for s in report.skipped] == [
+        (manifest.name, f"line {len(lines)}: cut short (no end of line: its writer stopped mid-line, e.g. killed); "
+         "the lines before it are read")
+    ]  # fmt: skip
