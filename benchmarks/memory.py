@@ -1,10 +1,11 @@
 """What memory recording costs, measured on this machine (CPU; what a GPU adds is printed, not measured).
 
 Prints:
-  1. a profiled stage under ``tool="torch_memory"``: the recorder's bookkeeping and one published
-     snapshot file per stage (tiny snapshot), against the same stage under ``tool="none"``;
-  2. saving a snapshot: cutting stacks, pickling (bounded), fsync and publishing, for synthetic
-     snapshots shaped like torch's (entries x frames), with the file size;
+  1. a profiled stage under ``tool="torch_memory"``: what the training thread pays (history calls,
+     taking the snapshot, handing it to the writer thread), tiny snapshots, against ``tool="none"``;
+  2. writing a snapshot (by the writer thread; what an OOM snapshot costs the raising thread): cutting
+     stacks, pickling (bounded), fsync and publishing, for synthetic snapshots shaped like torch's
+     (entries x frames), with the file size;
   3. the OOM hook on the disabled path: a closure with the ``try/except RuntimeError`` the decorator
      now has against one without (measured in turns), and ``@profiled_stage`` with ``on_oom`` on vs off;
   4. what a GPU adds (from torch's documentation): per-allocation stack capture while history records.
@@ -29,6 +30,7 @@ import instrument as ins
 import instrument.testing
 from instrument._state import STATE
 from instrument.backends import TraceSpec, memory
+from instrument.backends._snapshot_files import SnapshotWriter
 
 
 class _NoGpu:
@@ -93,8 +95,9 @@ def _save_cost(entries: int, frames: int) -> tuple[int, int, float, int]:
     with tempfile.TemporaryDirectory() as save:
         spec = TraceSpec(save, "actor", "update_actor", 1, 0, 1, ())
         options = ins.MemorySnapshots(stack_depth=frames)
-        writer = memory._SnapshotWriter(options, lambda r: sizes.append(r.bytes), lambda what, exc: None)
-        seconds = min(_timed(lambda: writer.save(spec)) for _ in range(3))
+        writer = SnapshotWriter(options, lambda r: sizes.append(r.bytes), lambda what, exc: None)
+        take = memory.CUDA.snapshot
+        seconds = min(_timed(lambda: writer.save(take(), spec, background=False)) for _ in range(3))
         writer.close()
     return entries, frames, seconds, sizes[-1]
 
@@ -165,7 +168,7 @@ def disabled_path_costs() -> dict[str, float]:
 def main() -> None:
     logging.getLogger("instrument").setLevel(logging.ERROR)
     memory.CUDA = _NoGpu()
-    print("1. a profiled stage, one step each (us per step, snapshot of 1 event saved per stage)")
+    print("1. a profiled stage, one step each (us per step on the training thread; 1-event snapshots)")
     stages = stage_costs()
     for tool, us in stages.items():
         print(f"   tool={tool:14s} {us:9.1f} us")

@@ -24,8 +24,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
+import instrument.testing  # noqa: E402
 from instrument._state import STATE  # noqa: E402
-from instrument.backends import memory  # noqa: E402
+from instrument.backends import _snapshot_files, memory  # noqa: E402
 from instrument.naming import parse_trace_name, trace_basename  # noqa: E402
 
 
@@ -262,17 +263,39 @@ def test_a_failing_snapshot_is_reported_and_the_trace_beside_it_still_saved(
     assert ins.current_run() is not None
 
 
-def test_a_name_taken_meanwhile_is_never_overwritten(cuda: StandInCuda, tmp_path: Path) -> None:
-    # Every name the recorder could pick already exists: it reports and writes nothing over them.
+def test_a_name_taken_meanwhile_is_never_overwritten(
+    cuda: StandInCuda, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Every name the writer picks exists already (another process took it): reported, nothing overwritten.
     taken = tmp_path / "x.pickle"
     taken.write_bytes(b"mine")
-    original = memory.os.path.lexists
-    memory.os.path.lexists = lambda p: True  # type: ignore[assignment]
-    try:
+    monkeypatch.setattr(_snapshot_files.naming, "trace_basename", lambda **fields: "x")
+    with caplog.at_level(logging.WARNING, logger="instrument"):
         _run(tmp_path, tool="torch_memory")
-    finally:
-        memory.os.path.lexists = original  # type: ignore[assignment]
     assert [p.name for p in _snapshots(tmp_path)] == ["x.pickle"] and taken.read_bytes() == b"mine"
+    assert any("no free snapshot name" in r.getMessage() for r in caplog.records)
+
+
+def test_snapshots_are_on_disk_once_exports_are_waited_for(cuda: StandInCuda, tmp_path: Path) -> None:
+    ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), tool="torch_memory"), role="actor", rank=0, world_size=1)
+    for step in (1, 2, 3):
+        with ins.profile_step(step), ins.profiled_stage("gen"):
+            pass
+    instrument.testing.wait_for_exports()  # what the finish hook waits for: written in the background
+    assert len(_snapshots(tmp_path)) == 3
+
+
+def test_a_snapshot_that_cannot_be_written_is_reported_and_the_next_one_saved(
+    cuda: StandInCuda, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    taken = iter([{"segments": [{"blocks": [], "hook": lambda: None}]}])  # a lambda cannot be pickled
+    real = cuda.snapshot
+    monkeypatch.setattr(cuda, "snapshot", lambda: next(taken, None) or real())
+    with caplog.at_level(logging.WARNING, logger="instrument"):
+        _run(tmp_path, n=2, tool="torch_memory")
+    assert len(_snapshots(tmp_path)) == 1  # the writer thread lived on
+    assert any("could not write a memory snapshot" in r.getMessage() for r in caplog.records)
+    assert not list(tmp_path.glob(".instrument-tmp-*/*"))
 
 
 # ---------------------------------------------------------------------- pure parts
@@ -287,7 +310,7 @@ def test_cut_stacks_keeps_the_innermost_frames(blocks: list[Any], entries: list[
         "segments": [{"blocks": [{"frames": list(f)} for f in blocks]}],
         "device_traces": [[{"frames": list(f)} for f in entries]],
     }
-    cut = memory.cut_stacks(snapshot, depth)
+    cut = _snapshot_files.cut_stacks(snapshot, depth)
     assert [b["frames"] for b in cut["segments"][0]["blocks"]] == [f[:depth] for f in blocks]
     assert [e["frames"] for e in cut["device_traces"][0]] == [f[:depth] for f in entries]
 
@@ -301,5 +324,5 @@ def test_cut_stacks_keeps_the_innermost_frames(blocks: list[Any], entries: list[
 )
 def test_snapshot_names_parse_back(role: str, stage: str, step: int, world: int, window: Any) -> None:
     base = trace_basename(role=role, stage=stage, step=step, rank=world - 1, world_size=world, window=window)
-    parsed = parse_trace_name(base + memory.SNAPSHOT_SUFFIX)
+    parsed = parse_trace_name(base + _snapshot_files.SNAPSHOT_SUFFIX)
     assert parsed is not None and parsed.basename() == base

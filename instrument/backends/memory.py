@@ -3,10 +3,9 @@
 On profiled steps and ranks, :meth:`MemoryRecorder.start` turns on
 ``torch.cuda.memory._record_memory_history`` (clearing earlier history, so a snapshot holds what
 its own stage or window did); the end of the stage, or of each recorded mini-batch window of a
-scheduled stage, takes ``torch.cuda.memory._snapshot()``, cuts every stack to ``stack_depth``
-frames and saves it as ``{trace name}.pickle``: pickled into this process's private scratch
-folder (at most ``max_bytes``), fsync'd, then hard-linked under a name no file has (never
-overwriting), and published to the manifest. History then goes off again (or back to the
+scheduled stage, takes ``torch.cuda.memory._snapshot()`` and hands it to a background writer
+(:mod:`instrument.backends._snapshot_files`) that saves it as ``{trace name}.pickle``, complete or
+not at all, and publishes it to the manifest. History then goes off again (or back to the
 run-long recording that ``on_oom`` keeps). :class:`OomSnapshots` saves one more snapshot when a
 CUDA out-of-memory error leaves a ``profiled_stage``.
 
@@ -17,24 +16,17 @@ when a memory tool or ``on_oom`` is configured (it imports torch).
 from __future__ import annotations
 
 import contextlib
-import itertools
 import logging
-import os
-import pickle
-import tempfile
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from instrument import naming
-from instrument._manifest import TraceRecord
 from instrument._memory_config import MEMORY_TOOL, MemorySnapshots
 from instrument._state import STATE
 from instrument.backends import Publish, Recorders, Report, TraceSpec
-from instrument.naming import SCRATCH_PREFIX
+from instrument.backends._snapshot_files import SNAPSHOT_SUFFIX, SnapshotWriter, cut_stacks
 from instrument.schedule import Action, action_at, window_of
 
 __all__ = [
@@ -48,10 +40,7 @@ __all__ = [
 
 logger = logging.getLogger("instrument")
 
-SNAPSHOT_SUFFIX = ".pickle"
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
-_EXCLUSIVE_ATTEMPTS = 5
-_TEMP_NAMES = itertools.count()
 
 
 class _CudaMemory:
@@ -97,159 +86,6 @@ def _cuda_or_warn(why: str) -> bool:
     return False
 
 
-# ---------------------------------------------------------------------- snapshot files
-
-
-def cut_stacks(snapshot: dict[str, Any], depth: int) -> dict[str, Any]:
-    """Keep the innermost ``depth`` frames of every block and trace entry (in place; returns it)."""
-    for segment in snapshot.get("segments", ()):
-        for block in segment.get("blocks", ()):
-            frames = block.get("frames")
-            if frames is not None and len(frames) > depth:
-                block["frames"] = frames[:depth]
-    for trace in snapshot.get("device_traces", ()):
-        for entry in trace:
-            frames = entry.get("frames")
-            if frames is not None and len(frames) > depth:
-                entry["frames"] = frames[:depth]
-    return snapshot
-
-
-class _TooLargeError(Exception):
-    pass
-
-
-class _Bounded:
-    """A binary file that refuses to grow past ``limit`` bytes (pickle writes through it in frames)."""
-
-    def __init__(self, raw: Any, limit: int) -> None:
-        self._raw = raw
-        self._left = limit
-
-    def write(self, data: bytes) -> int:
-        self._left -= len(data)
-        if self._left < 0:
-            raise _TooLargeError
-        return int(self._raw.write(data))
-
-
-def _pickle_bounded(snapshot: dict[str, Any], path: Path, limit: int) -> bool:
-    """Pickle ``snapshot`` into a new file ``path`` (fsync'd); False (file removed) if over ``limit``."""
-    try:
-        with open(path, "xb") as raw:
-            pickle.dump(snapshot, _Bounded(raw, limit), protocol=pickle.DEFAULT_PROTOCOL)  # as torch's _dump_snapshot
-            raw.flush()
-            os.fsync(raw.fileno())
-        return True
-    except _TooLargeError:
-        path.unlink()
-        return False
-
-
-def _link_exclusively(source: Path, final: Path) -> bool:
-    """Publish ``source`` as ``final`` unless that name exists (never overwrites); fsync the folder."""
-    try:
-        os.link(source, final)
-    except FileExistsError:
-        return False
-    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
-
-
-class _SnapshotWriter:
-    """Saves snapshots under trace names in ``save_path`` through this process's private scratch folder."""
-
-    def __init__(self, options: MemorySnapshots, publish: Publish, report: Report) -> None:
-        self.options = options
-        self._publish = publish
-        self._report = report
-        self._scratch: dict[str, Path] = {}
-
-    def save(
-        self, spec: TraceSpec, *, window: tuple[int, int] | None = None, partial: bool = False, stage: str = ""
-    ) -> bool:
-        """Take a snapshot now and publish it; False if it could not be saved (reported)."""
-        stage = stage or spec.stage
-        snapshot = cut_stacks(CUDA.snapshot(), self.options.stack_depth)
-        temp = self._scratch_dir(spec.save_path) / f"snapshot-{next(_TEMP_NAMES)}.tmp"  # a private folder
-        try:
-            if not _pickle_bounded(snapshot, temp, self.options.max_bytes):
-                traces = snapshot.get("device_traces", [])
-                if not _pickle_bounded(
-                    {**snapshot, "device_traces": [[] for _ in traces]}, temp, self.options.max_bytes
-                ):
-                    self._report(
-                        "a memory snapshot is larger than memory.max_bytes",
-                        OverflowError(
-                            f"even without its event history the snapshot of stage {stage!r} exceeds "
-                            f"{self.options.max_bytes} bytes; it is not saved"
-                        ),
-                    )
-                    return False
-                self._report(
-                    "a memory snapshot was saved without its event history",
-                    OverflowError(
-                        f"the snapshot of stage {stage!r} exceeds memory.max_bytes ({self.options.max_bytes}); "
-                        "raise it or lower memory.max_entries / memory.stack_depth to keep the history"
-                    ),
-                )
-            final = self._link(temp, spec, stage, window, partial)
-        finally:
-            with contextlib.suppress(OSError):
-                temp.unlink()
-        self._publish(
-            TraceRecord(
-                path=final.name,
-                role=spec.role,
-                stage=stage,
-                step=spec.step,
-                rank=spec.rank,
-                world=spec.world_size,
-                window=window,
-                partial=partial,
-                bytes=final.stat().st_size,
-                tool=MEMORY_TOOL,
-                triggered=spec.triggered,
-            )
-        )
-        return True
-
-    def _link(self, temp: Path, spec: TraceSpec, stage: str, window: tuple[int, int] | None, partial: bool) -> Path:
-        for _ in range(_EXCLUSIVE_ATTEMPTS):
-            basename = naming.trace_basename(
-                role=spec.role,
-                stage=stage,
-                step=spec.step,
-                rank=spec.rank,
-                world_size=spec.world_size,
-                window=window,
-                partial=partial,
-                triggered=spec.triggered,
-            )
-            final = Path(spec.save_path).absolute() / (basename + SNAPSHOT_SUFFIX)
-            if not os.path.lexists(final) and _link_exclusively(temp, final):
-                return final
-        raise FileExistsError(f"no free snapshot name in {spec.save_path} after {_EXCLUSIVE_ATTEMPTS} attempts")
-
-    def _scratch_dir(self, save_path: str) -> Path:
-        """This process's private folder (mode 0700, unpredictable name): nobody can plant a link there."""
-        scratch = self._scratch.get(save_path)
-        if scratch is None or not scratch.is_dir():
-            Path(save_path).mkdir(parents=True, exist_ok=True)
-            scratch = self._scratch[save_path] = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
-        return scratch
-
-    def close(self) -> None:
-        for scratch in self._scratch.values():
-            with contextlib.suppress(OSError):
-                scratch.rmdir()  # empty unless a failure left something worth a look
-        self._scratch.clear()
-
-
 def _history_off() -> None:
     """Stop recording history, or go back to the run-long recording ``on_oom`` keeps."""
     CUDA.record(_oom_history, clear=False)
@@ -276,7 +112,7 @@ class MemoryRecorder:
     def __init__(self, publish: Publish, report: Report, options: MemorySnapshots | None = None) -> None:
         if options is None:
             options = STATE.memory if isinstance(STATE.memory, MemorySnapshots) else MemorySnapshots()
-        self._writer = _SnapshotWriter(options, publish, report)
+        self._writer = SnapshotWriter(options, publish, report)
         self._report = report
         self._spec: TraceSpec | None = None
         self._mini_batch = 0  # mini-batches finished since start
@@ -343,7 +179,8 @@ class MemoryRecorder:
         return _no_range
 
     def flush(self) -> None:
-        """Nothing pending: every snapshot is published when taken."""
+        """Wait until every snapshot taken so far is written and published."""
+        self._writer.flush()
 
     def close(self) -> None:
         """Save what is open and remove the empty scratch folder."""
@@ -362,8 +199,8 @@ class MemoryRecorder:
 
     def _save(self, spec: TraceSpec, *, window: tuple[int, int] | None, partial: bool) -> None:
         try:
-            if self._writer.save(spec, window=window, partial=partial):
-                self.windows_saved += 1
+            self._writer.save(CUDA.snapshot(), spec, window=window, partial=partial)
+            self.windows_saved += 1
         finally:
             self._off()
 
@@ -409,7 +246,7 @@ class OomSnapshots:
         report: Report,
     ) -> None:
         global _oom_history
-        self._writer = _SnapshotWriter(options, publish, report)
+        self._writer = SnapshotWriter(options, publish, report)
         self._spec = spec  # (stage, role) -> what the snapshot is of; None once the run finished
         self._report = report
         # The error last saved, told apart without keeping it alive (its frames hold tensors a
@@ -438,7 +275,8 @@ class OomSnapshots:
                 if spec is None or not _cuda_or_warn("memory.on_oom"):
                     return
                 self.saved += 1
-                self._writer.save(spec, stage=f"oom-{stage}")
+                # Written before the error goes on: the process may not live much longer.
+                self._writer.save(CUDA.snapshot(), spec, stage=f"oom-{stage}", background=False)
         except Exception as err:
             self._report("could not save a memory snapshot at an out-of-memory error", err)
 

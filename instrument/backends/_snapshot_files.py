@@ -1,0 +1,239 @@
+"""Snapshot files: a CUDA memory snapshot (a plain dict) saved under a trace name, never half-written.
+
+Pickled into this process's private scratch folder (mode 0700, made by ``mkdtemp``), at most
+``max_bytes`` (a larger one is saved without its event history, or not at all), fsync'd, then
+hard-linked under a name no file has (never overwriting, no symlink followed) and published to the
+manifest. Stage snapshots are written by a background thread (a 100,000-event snapshot takes
+seconds to pickle; the training thread only takes it); at most :data:`PENDING` wait, so a fast loop
+cannot pile them up in memory. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import pickle
+import queue
+import tempfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from instrument import naming
+from instrument._manifest import TraceRecord
+from instrument._memory_config import MEMORY_TOOL, MemorySnapshots
+from instrument.backends import Publish, Report, TraceSpec
+from instrument.naming import SCRATCH_PREFIX
+
+__all__ = ["PENDING", "SNAPSHOT_SUFFIX", "SnapshotWriter", "cut_stacks"]
+
+SNAPSHOT_SUFFIX = ".pickle"
+PENDING = 2
+"""Snapshots taken and not yet written, at most; the next one waits (and so does its stage)."""
+_EXCLUSIVE_ATTEMPTS = 5
+_TEMP_NAMES = itertools.count()
+
+
+@dataclass(frozen=True)
+class _Job:
+    snapshot: dict[str, Any]
+    spec: TraceSpec
+    stage: str
+    window: tuple[int, int] | None
+    partial: bool
+
+
+def cut_stacks(snapshot: dict[str, Any], depth: int) -> dict[str, Any]:
+    """Keep the innermost ``depth`` frames of every block and trace entry (in place; returns it)."""
+    for segment in snapshot.get("segments", ()):
+        for block in segment.get("blocks", ()):
+            frames = block.get("frames")
+            if frames is not None and len(frames) > depth:
+                block["frames"] = frames[:depth]
+    for trace in snapshot.get("device_traces", ()):
+        for entry in trace:
+            frames = entry.get("frames")
+            if frames is not None and len(frames) > depth:
+                entry["frames"] = frames[:depth]
+    return snapshot
+
+
+class _TooLargeError(Exception):
+    pass
+
+
+class _Bounded:
+    """A binary file that refuses to grow past ``limit`` bytes (pickle writes through it in frames)."""
+
+    def __init__(self, raw: Any, limit: int) -> None:
+        self._raw = raw
+        self._left = limit
+
+    def write(self, data: bytes) -> int:
+        self._left -= len(data)
+        if self._left < 0:
+            raise _TooLargeError
+        return int(self._raw.write(data))
+
+
+def _pickle_bounded(snapshot: dict[str, Any], path: Path, limit: int) -> bool:
+    """Pickle ``snapshot`` into a new file ``path`` (fsync'd); False (file removed) if over ``limit``."""
+    try:
+        with open(path, "xb") as raw:
+            pickle.dump(snapshot, _Bounded(raw, limit), protocol=pickle.DEFAULT_PROTOCOL)  # as torch's _dump_snapshot
+            raw.flush()
+            os.fsync(raw.fileno())
+        return True
+    except _TooLargeError:
+        path.unlink()
+        return False
+
+
+def _link_exclusively(source: Path, final: Path) -> bool:
+    """Publish ``source`` as ``final`` unless that name exists (never overwrites); fsync the folder."""
+    try:
+        os.link(source, final)
+    except FileExistsError:
+        return False
+    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return True
+
+
+class SnapshotWriter:
+    """Saves snapshots under trace names in ``save_path`` through this process's private scratch folder."""
+
+    def __init__(self, options: MemorySnapshots, publish: Publish, report: Report) -> None:
+        self.options = options
+        self._publish = publish
+        self._report = report
+        self._scratch: dict[str, Path] = {}
+        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=PENDING)
+        self._worker: threading.Thread | None = None
+
+    def save(
+        self,
+        snapshot: dict[str, Any],
+        spec: TraceSpec,
+        *,
+        window: tuple[int, int] | None = None,
+        partial: bool = False,
+        stage: str = "",
+        background: bool = True,
+    ) -> None:
+        """Save ``snapshot`` (cut to ``stack_depth`` here) under ``spec``'s name; ``background``: by the writer thread.
+
+        In the foreground a failure raises; in the background it is reported.
+        """
+        job = _Job(cut_stacks(snapshot, self.options.stack_depth), spec, stage or spec.stage, window, partial)
+        if not background:
+            self._write(job)
+            return
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name="instrument-snapshots", daemon=True)
+            self._worker.start()
+        self._jobs.put(job)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                self._write(job)
+            except BaseException as exc:  # the writer must outlive any single failure
+                self._report("could not write a memory snapshot", exc)
+            finally:
+                self._jobs.task_done()
+
+    def flush(self) -> None:
+        """Wait until every snapshot taken so far is written and published."""
+        if self._worker is not None and self._worker.is_alive():
+            self._jobs.join()
+
+    def _write(self, job: _Job) -> bool:
+        snapshot, spec, stage, window, partial = job.snapshot, job.spec, job.stage, job.window, job.partial
+        temp = self._scratch_dir(spec.save_path) / f"snapshot-{next(_TEMP_NAMES)}.tmp"  # a private folder
+        try:
+            if not _pickle_bounded(snapshot, temp, self.options.max_bytes):
+                traces = snapshot.get("device_traces", [])
+                if not _pickle_bounded(
+                    {**snapshot, "device_traces": [[] for _ in traces]}, temp, self.options.max_bytes
+                ):
+                    self._report(
+                        "a memory snapshot is larger than memory.max_bytes",
+                        OverflowError(
+                            f"even without its event history the snapshot of stage {stage!r} exceeds "
+                            f"{self.options.max_bytes} bytes; it is not saved"
+                        ),
+                    )
+                    return False
+                self._report(
+                    "a memory snapshot was saved without its event history",
+                    OverflowError(
+                        f"the snapshot of stage {stage!r} exceeds memory.max_bytes ({self.options.max_bytes}); "
+                        "raise it or lower memory.max_entries / memory.stack_depth to keep the history"
+                    ),
+                )
+            final = self._link(temp, spec, stage, window, partial)
+        finally:
+            with contextlib.suppress(OSError):
+                temp.unlink()
+        self._publish(
+            TraceRecord(
+                path=final.name,
+                role=spec.role,
+                stage=stage,
+                step=spec.step,
+                rank=spec.rank,
+                world=spec.world_size,
+                window=window,
+                partial=partial,
+                bytes=final.stat().st_size,
+                tool=MEMORY_TOOL,
+                triggered=spec.triggered,
+            )
+        )
+        return True
+
+    def _link(self, temp: Path, spec: TraceSpec, stage: str, window: tuple[int, int] | None, partial: bool) -> Path:
+        for _ in range(_EXCLUSIVE_ATTEMPTS):
+            basename = naming.trace_basename(
+                role=spec.role,
+                stage=stage,
+                step=spec.step,
+                rank=spec.rank,
+                world_size=spec.world_size,
+                window=window,
+                partial=partial,
+                triggered=spec.triggered,
+            )
+            final = Path(spec.save_path).absolute() / (basename + SNAPSHOT_SUFFIX)
+            if not os.path.lexists(final) and _link_exclusively(temp, final):
+                return final
+        raise FileExistsError(f"no free snapshot name in {spec.save_path} after {_EXCLUSIVE_ATTEMPTS} attempts")
+
+    def _scratch_dir(self, save_path: str) -> Path:
+        """This process's private folder (mode 0700, unpredictable name): nobody can plant a link there."""
+        scratch = self._scratch.get(save_path)
+        if scratch is None or not scratch.is_dir():
+            Path(save_path).mkdir(parents=True, exist_ok=True)
+            scratch = self._scratch[save_path] = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
+        return scratch
+
+    def close(self) -> None:
+        """Write what is pending, end the writer thread and remove the (empty) scratch folder."""
+        self.flush()
+        if self._worker is not None and self._worker.is_alive():
+            self._jobs.put(None)
+            self._worker.join(timeout=5)
+        self._worker = None
+        for scratch in self._scratch.values():
+            with contextlib.suppress(OSError):
+                scratch.rmdir()  # empty unless a failure left something worth a look
+        self._scratch.clear()
