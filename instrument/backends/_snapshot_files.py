@@ -126,11 +126,11 @@ class SnapshotWriter:
         stage: str = "",
         background: bool = True,
     ) -> None:
-        """Save ``snapshot`` (cut to ``stack_depth`` here) under ``spec``'s name; ``background``: by the writer thread.
+        """Save ``snapshot`` (stacks cut to ``stack_depth``) as ``spec``'s file; ``background``: by the writer.
 
         In the foreground a failure raises; in the background it is reported.
         """
-        job = _Job(cut_stacks(snapshot, self.options.stack_depth), spec, stage or spec.stage, window, partial)
+        job = _Job(snapshot, spec, stage or spec.stage, window, partial)  # stacks are cut by whoever writes
         if not background:
             self._write(job)
             return
@@ -157,7 +157,8 @@ class SnapshotWriter:
             self._jobs.join()
 
     def _write(self, job: _Job) -> bool:
-        snapshot, spec, stage, window, partial = job.snapshot, job.spec, job.stage, job.window, job.partial
+        spec, stage, window, partial = job.spec, job.stage, job.window, job.partial
+        snapshot = cut_stacks(job.snapshot, self.options.stack_depth)
         temp = self._scratch_dir(spec.save_path) / f"snapshot-{next(_TEMP_NAMES)}.tmp"  # a private folder
         try:
             if not _pickle_bounded(snapshot, temp, self.options.max_bytes):
