@@ -116,7 +116,11 @@ def finish() -> list[str]:
     Returns the paths of the files written. Also runs at interpreter exit.
     """
     session = STATE.session
-    return [] if session is None else session.finish()
+    written = [] if session is None else session.finish()
+    on_oom, STATE.on_oom = STATE.on_oom, None
+    if on_oom is not None:  # the run-long allocation history ends with the run
+        on_oom.close()
+    return written
 
 
 def _check_step(step: int) -> None:

@@ -52,7 +52,15 @@ LABEL_MAX_LEN = 40
 """Labels are cut to this many characters: three of them and the numbers stay below the 255-byte name limit."""
 
 # Suffixes parse_trace_name strips, longest first (".pickle": memory snapshots; the HTML: memory timelines).
-_KNOWN_SUFFIXES = (".pt.trace.json.gz", ".pt.trace.json", ".json.gz", ".json", ".nsys-rep", ".pickle", ".memory-timeline.html")
+_KNOWN_SUFFIXES = (
+    ".pt.trace.json.gz",
+    ".pt.trace.json",
+    ".json.gz",
+    ".json",
+    ".nsys-rep",
+    ".pickle",
+    ".memory-timeline.html",
+)
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]")
 _DOTS = re.compile(r"\.{2,}")

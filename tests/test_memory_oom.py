@@ -175,8 +175,8 @@ def test_on_a_profiled_step_the_stage_snapshot_and_the_oom_snapshot_are_both_kep
     ins.finish()
     stages = sorted(parse_trace_name(p.name).stage for p in _oom_snapshots(tmp_path))  # type: ignore[union-attr]
     assert stages == ["oom-update-actor", "update-actor"]
-    # The stage's recording ends by going back to the run-long history, not by turning it off.
-    assert cuda.history == [("on", False), ("on", True), ("on", False)]
+    # The stage's recording ends by going back to the run-long history; finish() ends that.
+    assert cuda.history == [("on", False), ("on", True), ("on", False), ("off", False)]
 
 
 def test_only_oom_snapshots_with_tool_none(cuda: StandInCuda, tmp_path: Path) -> None:
@@ -189,6 +189,7 @@ def test_only_oom_snapshots_with_tool_none(cuda: StandInCuda, tmp_path: Path) ->
 def test_nothing_after_finish_and_nothing_when_off(cuda: StandInCuda, tmp_path: Path) -> None:
     _configure(tmp_path)
     ins.finish()
+    assert STATE.on_oom is None and cuda.history[-1] == ("off", False)  # the run-long history ended with it
     _caught(ins.profiled_stage("update_actor")(_oom))
     ins.configure(ins.ProfilerConfig(save_path=str(tmp_path)), role="actor", rank=0, world_size=1)
     assert STATE.on_oom is None

@@ -281,11 +281,13 @@ class OomSnapshots:
             self._report("could not save a memory snapshot at an out-of-memory error", err)
 
     def close(self) -> None:
-        """Stop the run-long history (a later run decides anew) and remove the empty scratch folder."""
+        """Stop the run-long history (a later run decides anew) and remove the empty scratch folder; never raises."""
         global _oom_history
-        if _oom_history is self._writer.options:
-            _oom_history = None
-            with contextlib.suppress(Exception):
+        try:
+            if _oom_history is self._writer.options:
+                _oom_history = None
                 if CUDA.available():
                     CUDA.record(None, clear=False)
-        self._writer.close()
+            self._writer.close()
+        except Exception as exc:
+            self._report("could not stop recording CUDA memory history", exc)
