@@ -17,6 +17,7 @@ from dataclasses import asdict, replace
 from typing import Any
 
 from instrument import _rollout, _rollout_files
+from instrument._cli_config import load_config
 from instrument._rollout import WorkerOutcome
 
 __all__ = ["EPILOG", "add_arguments", "main_from_args"]
@@ -109,7 +110,6 @@ def add_arguments(rollout: argparse.ArgumentParser) -> None:
 
 def _launch_args(args: argparse.Namespace) -> int:
     from instrument.backends.vllm import installed_vllm_version, profiler_launch_args, replica_profiler_dir
-    from instrument.cli import load_config
 
     config = load_config(args.config, args.overrides)
     version, source = args.vllm_version, "given"
@@ -159,7 +159,6 @@ def _check_relocation(args: argparse.Namespace, workers: int) -> tuple[Any, int]
     if world < 1 or world % args.gpus_per_replica:
         raise ValueError(f"--world-size must be a positive multiple of --gpus-per-replica: {world}")
     from instrument import ranks
-    from instrument.cli import load_config
 
     config = load_config(args.config, args.overrides)
     if not config.all_ranks:

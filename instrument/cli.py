@@ -9,13 +9,11 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
-from instrument import _config_file
+from instrument._cli_config import load_config
 from instrument._runplan import RunPlan, StageSpec, count, int_runs, plan_run
 from instrument._version import __version__
-from instrument.config import ProfilerConfig
 from instrument.schedule import Window
 
 __all__ = ["load_config", "main"]
@@ -29,17 +27,6 @@ examples:
 Overrides use the keys of docs/config.md (verl's keys work too) and are applied after --config.
 Exit status: 0 planned, 1 warnings with --strict, 2 bad configuration or arguments.
 """
-
-
-def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> ProfilerConfig:
-    """Read a YAML or JSON configuration file (optional) and apply dotted overrides.
-
-    :meth:`ProfilerConfig.from_file`, plus "no file": every problem is one ``ValueError``
-    (``TypeError`` for a wrong type) line naming the file at fault.
-    """
-    if path is not None:
-        return ProfilerConfig.from_file(path, overrides)
-    return _config_file.load(None, overrides, ProfilerConfig.from_overrides)
 
 
 def _build_parser() -> argparse.ArgumentParser:
