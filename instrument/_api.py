@@ -21,7 +21,6 @@ from instrument import naming
 from instrument._run import RunInfo
 from instrument._session import Session, start_session
 from instrument._state import STATE
-from instrument.backends import TraceSpec
 from instrument.config import ProfilerConfig
 
 __all__ = [
@@ -48,29 +47,7 @@ def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, wor
     the SDK does raises into training. Call again after :func:`finish` for a new run.
     Returns a read-only :class:`RunInfo`.
     """
-    session = start_session(config, role=role, rank=rank, world_size=world_size)
-    _watch_out_of_memory(session)
-    return RunInfo(session)
-
-
-def _watch_out_of_memory(session: Session) -> None:
-    """Hand the run's memory options to the memory recorder and, with ``memory.on_oom``, install the OOM snapshot."""
-    previous, STATE.on_oom = STATE.on_oom, None
-    if previous is not None:
-        previous.close()
-    memory = session.config.memory
-    STATE.memory = memory
-    if memory is None or not memory.on_oom or not session.config.enable:
-        return
-    try:
-        from instrument.backends.memory import OomSnapshots  # imports torch: only when asked for
-
-        def spec(stage: str, role: str | None) -> TraceSpec | None:
-            return None if session.finished else session._new_spec(stage, None, role)
-
-        STATE.on_oom = OomSnapshots(memory, spec=spec, publish=session.publish, report=session._fail)
-    except Exception as exc:
-        session._fail("cannot save memory snapshots at out-of-memory errors", exc)
+    return RunInfo(start_session(config, role=role, rank=rank, world_size=world_size))
 
 
 def _left_with(exc: BaseException, name: str, role: str | None) -> None:
@@ -116,11 +93,7 @@ def finish() -> list[str]:
     Returns the paths of the files written. Also runs at interpreter exit.
     """
     session = STATE.session
-    written = [] if session is None else session.finish()
-    on_oom, STATE.on_oom = STATE.on_oom, None
-    if on_oom is not None:  # the run-long allocation history ends with the run
-        on_oom.close()
-    return written
+    return [] if session is None else session.finish()
 
 
 def _check_step(step: int) -> None:

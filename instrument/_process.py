@@ -184,7 +184,8 @@ def keep_cupti_for_torch(config: ProfilerConfig) -> None:
     Takes effect for NVTX calls that have not happened yet in this process (the tool is chosen
     at the first call), so ``configure`` should run before CUDA work.
     """
-    if config.tool != "torch" or "cuda" not in config.contents or os.environ.get(KEEP_NVTX_INJECTION) == "1":
+    tracer = config.tool.split("+")[0]  # "torch+torch_memory" traces with torch.profiler too
+    if tracer != "torch" or "cuda" not in config.contents or os.environ.get(KEEP_NVTX_INJECTION) == "1":
         return
     removed = [name for name in NVTX_INJECTION_VARIABLES if os.environ.pop(name, None) is not None]
     if removed:

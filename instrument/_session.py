@@ -330,6 +330,21 @@ class Session(StageTracing):
         self._lock, self._finish_lock = threading.RLock(), threading.Lock()  # another thread may have held them
         self._holder, self.terminate_pending = 0, False
 
+    def watch_out_of_memory(self) -> None:
+        """With ``memory.on_oom``: a CUDA out-of-memory error leaving a stage, on any step, saves a snapshot."""
+        memory = self.config.memory
+        if memory is None or not memory.on_oom or not self.config.enable:
+            return
+        try:
+            from instrument.backends.memory import OomSnapshots  # imports torch: only when asked for
+
+            STATE.on_oom = OomSnapshots(memory, spec=self._out_of_memory_spec, publish=self.publish, report=self._fail)
+        except Exception as exc:
+            self._fail("cannot save memory snapshots at out-of-memory errors", exc)
+
+    def _out_of_memory_spec(self, stage: str, role: str | None) -> TraceSpec | None:
+        return None if self.finished else self._new_spec(stage, None, role)
+
     def finish(self, *, run_hook: bool = True) -> list[str]:
         """End the run: close everything, wait for exports, run the finish hook; idempotent."""
         with self._finish_lock:
@@ -343,6 +358,7 @@ class Session(StageTracing):
                 self._manifest.close()
                 if STATE.session is self:
                     STATE.engaged, STATE.observers = False, None
+                    _stop_watching_out_of_memory()  # the run-long allocation history ends with the run
             return [os.path.join(self.config.save_path, record.path) for record in self.records]
 
 
@@ -370,7 +386,10 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
     if previous is not None and not previous.finished:
         logger.warning("instrument: configure() called while a run was open; finishing that run first")
         previous.finish()
+    _stop_watching_out_of_memory()
     session = Session(config, role=role, rank=rank, world_size=world_size)
+    STATE.memory = config.memory  # read by the memory recorder when the first profiled step builds it
+    session.watch_out_of_memory()
     STATE.recording, STATE.fast = False, None
     STATE.engaged = session.metrics is not None
     STATE.observers = None if session.metrics is None else session.metrics.observers
@@ -379,3 +398,9 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         install_usr1()
     install_process_hooks()
     return session
+
+
+def _stop_watching_out_of_memory() -> None:
+    on_oom, STATE.on_oom = STATE.on_oom, None
+    if on_oom is not None:
+        on_oom.close()  # never raises
