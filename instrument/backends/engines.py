@@ -132,11 +132,11 @@ def _warn(what: str, exc: BaseException) -> None:
     logger.warning("instrument: %s: %s", what, exc)
 
 
-_STEP_PREFIX = re.compile(r"^step(\d+)_")
+_STEP_PREFIX = re.compile(r"^step(\d+)[_-]")  # vLLM: step3_rank0…, SGLang: step3-{id}-TP-0…
 
 
 def prefixed_step(filename: str) -> int | None:
-    """The step of an engine file named with a ``step{S}_`` profile prefix (the drivers' prefix), else ``None``."""
+    """The step of an engine file named with a ``step{S}_`` (vLLM) or ``step{S}-`` (SGLang) profile prefix, else ``None``."""
     match = _STEP_PREFIX.match(filename)
     return int(match[1]) if match else None
 
