@@ -136,7 +136,7 @@ _STEP_PREFIX = re.compile(r"^step(\d+)[_-]")  # vLLM: step3_rank0…, SGLang: st
 
 
 def prefixed_step(filename: str) -> int | None:
-    """The step of an engine file named with a ``step{S}_`` (vLLM) or ``step{S}-`` (SGLang) profile prefix, else ``None``."""
+    """The step in an engine file name with a ``step{S}_`` (vLLM) or ``step{S}-`` (SGLang) prefix, else ``None``."""
     match = _STEP_PREFIX.match(filename)
     return int(match[1]) if match else None
 
