@@ -202,9 +202,9 @@ def ensure_sets(out: Path, regenerate: bool) -> dict[int, Path]:
 
 
 def describe(directory: Path) -> str:
-    traces = list(directory.glob("*.json.gz"))
+    traces = [p for p in directory.iterdir() if p.name.endswith((".json.gz", ".json"))]
     size = sum(p.stat().st_size for p in traces)
-    return f"{len(traces)} files, {size / 2**20:.1f} MB gzip"
+    return f"{len(traces)} files, {size / 2**20:.1f} MB on disk"
 
 
 # --------------------------------------------------------------------------- measuring
@@ -284,11 +284,11 @@ def manifest_runs(sets: dict[int, Path], repeat: int) -> bool:
 
 def _start_head(temp: Path) -> subprocess.Popen[bytes]:
     ray = Path(PYTHON).parent / "ray"
-    cmd = [str(ray), "start", "--head", "--block", f"--port={RAY_PORT}", "--num-cpus=2",
+    cmd = [str(ray), "start", "--head", "--block", f"--port={RAY_PORT}", "--node-ip-address=127.0.0.1", "--num-cpus=2",
            "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"]  # fmt: skip
     head = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # up once a client can connect
+    while time.monotonic() < deadline and head.poll() is None:  # up once a client can connect
         probe = subprocess.run(
             [PYTHON, "-c", f"import ray; ray.init(address='127.0.0.1:{RAY_PORT}', logging_level=40); ray.shutdown()"],
             capture_output=True,
@@ -298,7 +298,7 @@ def _start_head(temp: Path) -> subprocess.Popen[bytes]:
             return head
         time.sleep(1)
     _stop_head(head)
-    raise SystemExit("the Ray head did not come up in 120 s")
+    raise SystemExit(f"the Ray head did not come up (port {RAY_PORT} taken?): {' '.join(cmd)}")
 
 
 def _stop_head(head: subprocess.Popen[bytes]) -> None:
@@ -311,18 +311,22 @@ def _stop_head(head: subprocess.Popen[bytes]) -> None:
 
 def ray_runs(sets: dict[str, Path], repeat: int) -> None:
     print("Ray crossover (2 CPUs here: the same as local reading; a cluster adds its nodes' CPUs):")
+    # A private cluster on a private port of this machine: Ray's token authentication (on by default in
+    # recent Ray for `ray start`) would need the token handed to every client; the benchmark opts out.
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    # Without a cluster first: with one running here, `ray.init()` would join it instead of starting its own.
+    own = {label: best_of(directory, 1, "--ray")[0] for label, directory in sets.items()}
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     head = _start_head(temp)
     try:
         for label, directory in sets.items():
             local, local_report = best_of(directory, repeat)
             attached, attached_report = best_of(directory, repeat, "--ray", f"127.0.0.1:{RAY_PORT}")
-            own, _ = best_of(directory, 1, "--ray")
             same = _same(local_report, attached_report)
             print(
                 f"  {label}: local (jobs {local_report['jobs']}) wall {local.wall_s:.2f} s | --ray ADDRESS (running "
                 f"cluster) wall {attached.wall_s:.2f} s, +{attached.wall_s - local.wall_s:.2f} s | --ray (starts "
-                f"its own) wall {own.wall_s:.2f} s | same report: {same}"
+                f"its own) wall {own[label].wall_s:.2f} s | same report: {same}"
             )
     finally:
         _stop_head(head)
