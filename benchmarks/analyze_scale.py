@@ -317,7 +317,11 @@ def ray_runs(sets: dict[str, Path], repeat: int) -> None:
     # Without a cluster first: with one running here, `ray.init()` would join it instead of starting its own.
     own = {label: best_of(directory, 1, "--ray")[0] for label, directory in sets.items()}
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
-    head = _start_head(temp)
+    try:
+        head = _start_head(temp)
+    except BaseException:
+        shutil.rmtree(temp, ignore_errors=True)
+        raise
     try:
         for label, directory in sets.items():
             local, local_report = best_of(directory, repeat)
