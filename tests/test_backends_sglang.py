@@ -153,7 +153,7 @@ def test_bad_settings_fail_naming_the_field(kwargs: dict[str, Any], message: str
         ("1712345678.123-TP-0-EXTEND.trace.json.gz", 0),  # profile_by_stage, 0.5.3+
         ("1712345678.123-TP-2-DECODE.trace.json.gz", 2),
         ("1712345678.123-TP-1-decode.trace.json.gz", 1),  # SGLANG_PROFILE_V2
-        ("1712345678.123-TP-1-2.trace.json.gz", 1),  # 0.4.7-0.5.1 on Python >= 3.11: str(ForwardMode.DECODE)
+        ("1712345678.123-TP-1-2.trace.json.gz", 1),  # 0.4.7-0.5.2 on Python >= 3.11: str(ForwardMode.DECODE)
         ("1712345678.123-TP-1-ForwardMode.EXTEND.trace.json.gz", 1),  # the same on Python 3.10
         ("1712345678.123-TP-1-EP-5.trace.json.gz", 1),  # EP ranks live on the TP ranks' GPUs
         ("step3-1712345678.5-TP-1-memory-DECODE.pickle", 1),  # activities MEM

@@ -6,22 +6,24 @@ release by release. Read from the release wheels (``sglang/srt/managers/io_struc
 ``entrypoints/http_server.py``; the scheduler's profiler mixin, from 0.5.14
 ``managers/scheduler_components/profiler_manager.py``):
 
-==========  =================================================================================
-release     what changed
-==========  =================================================================================
-<= 0.4.3    no body; a profiler only when ``SGLANG_TORCH_PROFILER_DIR`` is set at launch;
-            ``/stop_profile`` returns before the trace is written; names ``{time}.trace.json.gz``
-0.4.4       body ``output_dir``, ``num_steps``, ``activities``; names ``{id}-TP-{t}.trace.json.gz``
-0.4.6.post5 ``with_stack``, ``record_shapes``
-0.4.7       ``profile_by_stage``; ``/stop_profile`` waits for the flush (fails when not profiling);
-            ``SGLANG_PROFILE_WITH_STACK`` (default true; false overrides the body)
-0.4.10      ``start_step`` (a forward count since the server started, not relative)
-0.5.4       ``merge_profiles``
-0.5.5       ``SGLANG_PROFILE_RECORD_SHAPES`` (default true; false overrides the body)
-0.5.6       ``profile_prefix`` (names ``{prefix}-{id}-TP-…``), ``profile_stages``
-0.5.15      ``profile_id`` (the body is the ``ProfileReq`` struct)
-0.5.19      ``detailed_annotations``
-==========  =================================================================================
+===========  ================================================================================
+release      what changed
+===========  ================================================================================
+<= 0.4.3     no body; a profiler only when ``SGLANG_TORCH_PROFILER_DIR`` is set at launch;
+             ``/stop_profile`` returns before the trace is written; names ``{time}.trace.json.gz``
+0.4.4        body ``output_dir``, ``num_steps``, ``activities``; names ``{id}-TP-{t}.trace.json.gz``
+0.4.6.post5  ``with_stack``, ``record_shapes``
+0.4.7        ``profile_by_stage``; ``/stop_profile`` waits for the flush (fails when not profiling);
+             ``SGLANG_PROFILE_WITH_STACK`` (default true; false overrides the body)
+0.4.10       ``start_step`` (a forward count since the server started, not relative)
+0.5.3        stage names ``-EXTEND`` / ``-DECODE`` (``str(ForwardMode)`` before: ``-1`` / ``-2``)
+0.5.4        ``merge_profiles``
+0.5.5        ``SGLANG_PROFILE_RECORD_SHAPES`` (default true; false overrides the body)
+0.5.6        ``profile_prefix`` (names ``{prefix}-{id}-TP-…``), ``profile_stages``
+0.5.8        ``GET /server_info`` (``/get_server_info`` before; both name the version)
+0.5.15       ``profile_id`` (the body is the ``ProfileReq`` struct)
+0.5.19       ``detailed_annotations``
+===========  ================================================================================
 
 Unknown body fields are ignored by every release (pydantic's default), so the version decides
 what is *honoured*; only fields the target knows are sent, and a wish it cannot honour is warned
@@ -49,6 +51,7 @@ __all__ = [
     "LaunchArgs",
     "SglangHttpDriver",
     "installed_sglang_version",
+    "parse_version",
     "profiler_launch_args",
     "sglang_start_body",
     "sglang_trace_local_rank",
@@ -86,7 +89,6 @@ _ENV_SINCE: dict[str, Version] = {
 }
 # ProfilerConfig.contents -> SGLang activities ("MEM": CUDA memory history, saved as a .pickle snapshot).
 _ACTIVITIES = (("cpu", "CPU"), ("cuda", "GPU"), ("memory", "MEM"))
-_PREFIX_SINCE: Version = (0, 5, 6, 0)
 _PREFIX = re.compile(r"^[A-Za-z0-9][A-Za-z0-9.=+_-]{0,63}$")  # SGLang joins it into a path: no "/" ever
 
 
@@ -116,7 +118,10 @@ def _target(sglang_version: str | None) -> Version:
 
 def start_body_fields(sglang_version: str) -> frozenset[str]:
     """The ``/start_profile`` body fields SGLang ``sglang_version`` reads (empty before 0.4.4)."""
-    target = parse_version(sglang_version)
+    return _fields(parse_version(sglang_version))
+
+
+def _fields(target: Version) -> frozenset[str]:
     return frozenset().union(*(names for since, names in _FIELDS_SINCE if target >= since))
 
 
@@ -227,7 +232,7 @@ def _start_body(
         wanted["profile_by_stage"] = True
     if prefix:
         wanted["profile_prefix"] = prefix
-    known: frozenset[str] = frozenset().union(*(names for since, names in _FIELDS_SINCE if target >= since))
+    known = _fields(target)
     body = {key: value for key, value in wanted.items() if key in known}
     unheard = sorted(set(wanted) - set(body) - {"profile_prefix"})  # a prefix only names files: relocation labels them
     if unheard:
@@ -244,7 +249,7 @@ def _show(version: Version) -> str:
 
 # "[{prefix}-]{profile_id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}][-memory][-{stage}]" + ".trace.json.gz" or ".pickle"
 # (memory snapshots). Stage suffixes: "-EXTEND" / "-DECODE" (0.5.3+), "-prefill" / "-decode"
-# (SGLANG_PROFILE_V2), str(ForwardMode) before (0.4.7-0.5.1: "-1" / "-2" on Python >= 3.11,
+# (SGLANG_PROFILE_V2), str(ForwardMode) before (0.4.7-0.5.2: "-1" / "-2" on Python >= 3.11,
 # "-ForwardMode.EXTEND" before). ROCm: "rpd-{time}-TP-{t}.trace.json.gz".
 _NAME = re.compile(
     r"-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-\d+)?(?:-memory)?"
@@ -367,7 +372,7 @@ class SglangHttpDriver:
         body = dict(self._base)
         if prefix is not None and not (isinstance(prefix, str) and _PREFIX.match(prefix)):
             raise ValueError(f"'prefix' must be 1-64 of [A-Za-z0-9.=+_-], starting with a letter or digit: {prefix!r}")
-        if prefix and target >= _PREFIX_SINCE:
+        if prefix and "profile_prefix" in _fields(target):
             body["profile_prefix"] = prefix
         return body
 
