@@ -27,6 +27,7 @@ __all__ = [
     "ranks_to_keep",
     "replica_of",
     "replicas_to_drive",
+    "sglang_trace_local_rank",
     "validate_ranks",
 ]
 
@@ -164,10 +165,28 @@ _VLLM_SUMMARY = re.compile(
 )
 # vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
 _VLLM_LEGACY = re.compile(r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
-# SGLang: "{id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}].trace.json.gz" (also "-{activity}" before the suffix).
+# SGLang: "[{prefix}-]{profile_id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}][-memory][-{stage}]" + ".trace.json.gz" or
+# ".pickle" (memory snapshots). Stage suffixes: "-EXTEND" / "-DECODE" (0.5.3+), "-prefill" / "-decode"
+# (SGLANG_PROFILE_V2), str(ForwardMode) before (0.4.7-0.5.2: "-1" / "-2" on Python >= 3.11,
+# "-ForwardMode.EXTEND" before); activities ("-CPU"); ROCm: "rpd-{time}-TP-{t}.trace.json.gz".
 _SGLANG = re.compile(
-    r"-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-(?P<ep>\d+))?(?:-[A-Za-z]+)?\.trace\.json(?:\.gz)?$"
+    r"-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-\d+)?(?:-memory)?"
+    r"(?:-(?:ForwardMode\.)?[A-Za-z]+|-\d+)?\.(?:trace\.json(?:\.gz)?|pickle)$"
 )
+
+
+def sglang_trace_local_rank(filename: str) -> int | None:
+    """The rank inside its replica written in an SGLang trace or memory snapshot name, or ``None``.
+
+    The TP rank, for names without ``-DP-`` / ``-PP-`` (EP ranks live on the TP ranks' GPUs).
+    With ``-DP-`` or ``-PP-`` the GPU depends on the engine's mode and sizes (DP attention
+    numbers TP ranks across DP ranks, plain DP does not), so ``None``: relocation keeps such a
+    file, labelled ``rank-unknown``, rather than risk dropping the wrong one.
+    """
+    match = _SGLANG.search(os.path.basename(filename))
+    if match is None or match["dp"] is not None or match["pp"] is not None:
+        return None
+    return int(match["tp"])
 
 
 def engine_trace_local_rank(filename: str, *, ranks_per_dp_rank: int | None = None) -> int | None:
@@ -196,8 +215,4 @@ def engine_trace_local_rank(filename: str, *, ranks_per_dp_rank: int | None = No
     match = _VLLM_LEGACY.search(base)
     if match:
         return int(match["rank"])
-    match = _SGLANG.search(base)
-    if match and match["pp"] is None and match["dp"] is None:
-        # EP ranks live on the TP ranks' GPUs, so the TP rank is the GPU's place in the engine.
-        return int(match["tp"])
-    return None
+    return sglang_trace_local_rank(base)

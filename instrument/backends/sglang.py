@@ -42,9 +42,10 @@ from typing import Any
 
 from instrument._http import HttpTimeoutError, check_http_url, check_timeout
 from instrument._http import request as http_request
-from instrument.backends.engines import EngineProfilerError, EngineStillFlushingError, EngineTraces
+from instrument.backends.engines import SGLANG_TRACES, EngineProfilerError, EngineStillFlushingError
 from instrument.backends.vllm import LaunchArgs
 from instrument.config import ProfilerConfig
+from instrument.ranks import sglang_trace_local_rank
 
 __all__ = [
     "SGLANG_TRACES",
@@ -246,33 +247,6 @@ def _show(version: Version) -> str:
 
 
 # --------------------------------------------------------------------------- trace names
-
-# "[{prefix}-]{profile_id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}][-memory][-{stage}]" + ".trace.json.gz" or ".pickle"
-# (memory snapshots). Stage suffixes: "-EXTEND" / "-DECODE" (0.5.3+), "-prefill" / "-decode"
-# (SGLANG_PROFILE_V2), str(ForwardMode) before (0.4.7-0.5.2: "-1" / "-2" on Python >= 3.11,
-# "-ForwardMode.EXTEND" before). ROCm: "rpd-{time}-TP-{t}.trace.json.gz".
-_NAME = re.compile(
-    r"-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-\d+)?(?:-memory)?"
-    r"(?:-(?:ForwardMode\.)?[A-Za-z]+|-\d+)?\.(?:trace\.json(?:\.gz)?|pickle)$"
-)
-
-
-def sglang_trace_local_rank(filename: str, *, ranks_per_dp_rank: int | None = None) -> int | None:
-    """The rank inside its replica written in an SGLang trace or memory snapshot name, or ``None``.
-
-    The TP rank, for names without ``-DP-`` / ``-PP-`` (EP ranks live on the TP ranks' GPUs).
-    With ``-DP-`` or ``-PP-`` the GPU depends on the engine's mode and sizes (DP attention
-    numbers TP ranks across DP ranks, plain DP does not), so ``None``: relocation keeps such a
-    file, labelled ``rank-unknown``, rather than risk dropping the wrong one.
-    """
-    match = _NAME.search(os.path.basename(filename))
-    if match is None or match["dp"] is not None or match["pp"] is not None:
-        return None
-    return int(match["tp"])
-
-
-SGLANG_TRACES = EngineTraces(tool="sglang", local_rank=sglang_trace_local_rank)
-"""SGLang's names: traces, stage traces and memory snapshots; SGLang has no frontend traces."""
 
 
 # --------------------------------------------------------------------------- driving
