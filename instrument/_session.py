@@ -192,6 +192,7 @@ class Session(StageTracing):
             contents=self.config.contents,
             schedule=schedule,
             triggered=self.step_triggered,
+            memory=self.config.memory,
         )
 
     # ------------------------------------------------------------------ steps
@@ -388,7 +389,6 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         previous.finish()
     _stop_watching_out_of_memory()
     session = Session(config, role=role, rank=rank, world_size=world_size)
-    STATE.memory = config.memory  # read by the memory recorder when the first profiled step builds it
     session.watch_out_of_memory()
     STATE.recording, STATE.fast = False, None
     STATE.engaged = session.metrics is not None

@@ -16,11 +16,10 @@ class _State:
     by decorated calls on ``fast_thread`` (0: any thread) instead of the session's bookkeeping.
     ``observers``: with stage metrics on, the same idea for unprofiled steps (time and observe).
     ``on_oom``: with ``memory.on_oom``, called as ``on_oom(exc, stage, role)`` by a stage an exception
-    leaves (only then: the normal path never reads it); ``memory``: the run's ``MemorySnapshots``
-    options (a frozen value), read by the memory recorder when it is built.
+    leaves (only then: the normal path never reads it).
     """
 
-    __slots__ = ("engaged", "fast", "fast_thread", "memory", "observers", "on_oom", "recording", "session")
+    __slots__ = ("engaged", "fast", "fast_thread", "observers", "on_oom", "recording", "session")
 
     def __init__(self) -> None:
         self.recording = False
@@ -30,7 +29,6 @@ class _State:
         self.fast_thread = 0
         self.observers: dict[str, Any] | None = None  # with stage metrics: stage -> bound observe
         self.on_oom: Any = None  # instrument.backends.memory.OomSnapshots, or None
-        self.memory: Any = None  # instrument.MemorySnapshots of this run, or None
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         # Decorated methods hold this object in their closure, and Ray pickles worker classes

@@ -41,7 +41,7 @@ def reset() -> None:
     STATE.session = None
     STATE.recording = False
     STATE.engaged = False
-    STATE.fast = STATE.observers = STATE.on_oom = STATE.memory = None
+    STATE.fast = STATE.observers = STATE.on_oom = None
     uninstall_process_hooks()
 
 

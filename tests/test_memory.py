@@ -74,14 +74,14 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInCuda]:
     monkeypatch.setattr(memory, "CUDA", stand_in)
     monkeypatch.setattr(memory, "_oom_history", None)
     yield stand_in
-    STATE.on_oom = STATE.memory = None
+    STATE.on_oom = None
 
 
 @pytest.fixture(autouse=True)
 def _fresh_warning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(memory, "_warned_no_cuda", False)
     yield
-    STATE.on_oom = STATE.memory = None
+    STATE.on_oom = None
 
 
 def _snapshots(save: Path) -> list[Path]:

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.fixture(autouse=True)
 def _history_off() -> Any:
     yield
-    STATE.on_oom = STATE.memory = None
+    STATE.on_oom = None
     torch.cuda.memory._record_memory_history(enabled=None)
 
 

@@ -33,7 +33,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInCuda]:
     monkeypatch.setattr(memory, "_oom_history", None)
     monkeypatch.setattr(memory, "_warned_no_cuda", False)
     yield stand_in
-    STATE.on_oom = STATE.memory = None
+    STATE.on_oom = None
 
 
 def _configure(save: Path, **memory_options: Any) -> None:

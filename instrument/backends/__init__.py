@@ -47,6 +47,7 @@ class TraceSpec:
     contents: tuple[str, ...]
     schedule: ScheduleLike | None = None
     triggered: bool = False  # profiled on demand: the name carries "_trig"
+    memory: Any = None  # the run's MemorySnapshots options (ProfilerConfig.memory), for memory recorders
 
 
 class Recorder(Protocol):

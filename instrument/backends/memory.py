@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from instrument._memory_config import MEMORY_TOOL, MemorySnapshots
-from instrument._state import STATE
 from instrument.backends import Publish, Recorders, Report, TraceSpec
 from instrument.backends._snapshot_files import SNAPSHOT_SUFFIX, SnapshotWriter, cut_stacks
 from instrument.schedule import Action, action_at, window_of
@@ -101,7 +100,7 @@ def _no_range() -> None:
 class MemoryRecorder:
     """Records allocator history on profiled stages and saves one snapshot per stage or mini-batch window.
 
-    Options come from the run's ``ProfilerConfig.memory`` (``MemorySnapshots()`` when not given).
+    Options come with each stage's spec (the run's ``ProfilerConfig.memory``; ``MemorySnapshots()`` when not given).
     Every failure goes to ``report``; no method raises into the session (beside another recorder,
     a raise here would leave that one running).
     """
@@ -109,10 +108,8 @@ class MemoryRecorder:
     tool = MEMORY_TOOL
     stage_range_in_windows = False
 
-    def __init__(self, publish: Publish, report: Report, options: MemorySnapshots | None = None) -> None:
-        if options is None:
-            options = STATE.memory if isinstance(STATE.memory, MemorySnapshots) else MemorySnapshots()
-        self._writer = SnapshotWriter(options, publish, report)
+    def __init__(self, publish: Publish, report: Report) -> None:
+        self._writer = SnapshotWriter(MemorySnapshots(), publish, report)
         self._report = report
         self._spec: TraceSpec | None = None
         self._mini_batch = 0  # mini-batches finished since start
@@ -132,6 +129,8 @@ class MemoryRecorder:
         if self._spec is not None:
             raise RuntimeError(f"a memory recording is already open ({self._spec})")
         self._spec, self._mini_batch, self.windows_saved = spec, 0, 0
+        if isinstance(spec.memory, MemorySnapshots):
+            self._writer.options = spec.memory
         try:
             starts_recording = spec.schedule is None or action_at(0, spec.schedule) in _RECORDING
             if _cuda_or_warn("memory recording (tool 'torch_memory')") and starts_recording:
