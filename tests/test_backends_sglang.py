@@ -4,7 +4,7 @@ driver, relocation.
 SGLang cannot run on this machine: the ``sglang`` wheels on the registry are CUDA builds (0.5.23 pins
 torch 2.14.1, CUDA torchvision / torchaudio / torchcodec, and its CPU engine needs ``sgl_kernel``'s CPU
 build, which is only built from source; docs/sglang.md shows where it stops). So the HTTP tests use a
-stand-in: a real HTTP server from the standard library on 127.0.0.1 that answers as SGLang's own
+stand-in (tests/sglang_support/server.py): a real HTTP server from the standard library on 127.0.0.1 that answers as SGLang's own
 code does, read from the release wheels (``sglang/srt/entrypoints/http_server.py``: ``/start_profile``
 and ``/stop_profile`` accept GET and POST and answer 200 with a text line, an exception becomes a bare
 500; ``/server_info`` from 0.5.8, ``/get_server_info`` before, with ``"version"``; the scheduler's
@@ -18,17 +18,14 @@ files, across a filesystem boundary too.
 from __future__ import annotations
 
 import gzip
-import http.server
 import json
 import logging
 import os
 import shutil
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -53,8 +50,7 @@ from instrument.backends.sglang import (
     sglang_trace_local_rank,
     start_body_fields,
 )
-
-HANG_GUARD_S = 30.0  # how long a held stand-in request waits for the test's release (a guard, never asserted)
+from tests.sglang_support.server import Request, SGLangStandIn, serve_sglang
 
 # --------------------------------------------------------------------------- launch environment and bodies
 
@@ -189,93 +185,21 @@ def test_any_name_sglang_writes_gives_its_tp_rank(
 # --------------------------------------------------------------------------- a stand-in SGLang server
 
 
-class _SGLang(http.server.BaseHTTPRequestHandler):
-    """SGLang's profiling routes as its source answers them (see the module docstring)."""
-
-    version: ClassVar[str]
-    tp_size: ClassVar[int]
-    requests: ClassVar[list[tuple[str, str, str | None, Any]]]  # method, path, content type, JSON body
-    state: ClassVar[dict[str, Any]]
-    overrides: ClassVar[dict[str, int]]  # path -> status answered instead (0: held until released)
-    release: ClassVar[threading.Event]
-    url: ClassVar[str]
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        body = json.loads(raw) if raw else None
-        self.requests.append((self.command, self.path, self.headers.get("Content-Type"), body))
-        status, text = self._route(body)
-        data = text.encode()
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def _route(self, body: Any) -> tuple[int, str]:
-        override = self.overrides.get(self.path)
-        if override == 0:
-            self.release.wait(HANG_GUARD_S)  # a flush that does not end until the test says so
-            return 200, "Stop profiling. This will take some time.\n"
-        if override is not None:
-            return override, "Internal Server Error" if override == 500 else "no"
-        info_route = "/server_info" if tuple(map(int, self.version.split(".")[:3])) >= (0, 5, 8) else "/get_server_info"
-        if self.path == info_route:
-            return 200, json.dumps({"version": self.version, "tp_size": self.tp_size})
-        if self.path == "/health":
-            return 200, ""
-        if self.path == "/start_profile":
-            if self.state.get("profiling"):
-                return 500, "Internal Server Error"  # "Profiling is already in progress", in the log only
-            self.state.update(profiling=True, body=body or {}, profile_id=str(time.time()))
-            return 200, "Start profiling.\n"
-        if self.path == "/stop_profile":
-            if not self.state.get("profiling"):
-                return 500, "Internal Server Error"  # "Profiling is not in progress"
-            started = self.state["body"]
-            out = Path(started.get("output_dir") or self.state["env_dir"])
-            out.mkdir(parents=True, exist_ok=True)
-            prefix = f"{started['profile_prefix']}-" if started.get("profile_prefix") else ""
-            for tp in range(self.tp_size):
-                with gzip.open(out / f"{prefix}{self.state['profile_id']}-TP-{tp}.trace.json.gz", "wt") as f:
-                    json.dump({"traceEvents": [{"name": "run_batch", "ph": "X", "ts": 1, "dur": 2}]}, f)
-            self.state["profiling"] = False
-            return 200, "Stop profiling. This will take some time.\n"
-        return 404, '{"detail":"Not Found"}'
-
-    do_GET = do_POST = _answer  # noqa: N815 - http.server's names
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 @pytest.fixture
-def sglang_server(tmp_path: Path) -> Iterator[type[_SGLang]]:
-    """A stand-in SGLang 0.5.23 with TP 2 on 127.0.0.1 (version and TP size may be changed by the test)."""
-
-    class Handler(_SGLang):
-        version = "0.5.23"
-        tp_size = 2
-        requests: ClassVar[list[tuple[str, str, str | None, Any]]] = []
-        state: ClassVar[dict[str, Any]] = {"env_dir": str(tmp_path / "env-dir")}
-        overrides: ClassVar[dict[str, int]] = {}
-        release = threading.Event()
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    Handler.url = f"http://127.0.0.1:{server.server_address[1]}"
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield Handler
-    Handler.release.set()
-    server.shutdown()
-    server.server_close()
+def sglang_server(tmp_path: Path) -> Iterator[type[SGLangStandIn]]:
+    """A stand-in SGLang 0.5.23 with TP 2 on 127.0.0.1 (tests/sglang_support/server.py; version and TP size
+    may be changed by the test)."""
+    with serve_sglang(tmp_path / "env-dir") as handler:
+        yield handler
 
 
-def _post(requests: list[tuple[str, str, str | None, Any]], path: str) -> list[tuple[str, str | None, Any]]:
+def _post(requests: list[Request], path: str) -> list[tuple[str, str | None, Any]]:
     return [(method, kind, body) for method, route, kind, body in requests if route == path]
 
 
-def test_the_driver_posts_the_exact_body_and_relocates_one_rank(sglang_server: type[_SGLang], tmp_path: Path) -> None:
+def test_the_driver_posts_the_exact_body_and_relocates_one_rank(
+    sglang_server: type[SGLangStandIn], tmp_path: Path
+) -> None:
     """Replica 1 of a 4-GPU run (TP 2), rank 3 profiled: TP-1 moves, its TP peer stays put."""
     save = tmp_path / "save"
     cfg = ins.ProfilerConfig(save_path=str(save), steps=(2,), ranks=(3,), contents=("cpu", "cuda"))
@@ -356,7 +280,7 @@ def test_relocation_leaves_other_steps_and_moves_across_filesystems(tmp_path: Pa
 
 
 def test_the_version_comes_from_the_server_and_old_ones_get_their_body(
-    sglang_server: type[_SGLang], caplog: pytest.LogCaptureFixture
+    sglang_server: type[SGLangStandIn], caplog: pytest.LogCaptureFixture
 ) -> None:
     sglang_server.version = "0.4.9"  # no /server_info yet: /get_server_info answers
     cfg = ins.ProfilerConfig(contents=("cpu", "cuda", "stack"), token_window=(0, 3))
@@ -384,7 +308,7 @@ def test_the_version_comes_from_the_server_and_old_ones_get_their_body(
 
 
 def test_sglang_before_0_4_4_gets_no_body_and_a_warning_once(
-    sglang_server: type[_SGLang], caplog: pytest.LogCaptureFixture
+    sglang_server: type[SGLangStandIn], caplog: pytest.LogCaptureFixture
 ) -> None:
     sglang_server.version = "0.4.3"
     driver = SglangHttpDriver(sglang_server.url, ins.ProfilerConfig())
@@ -397,7 +321,7 @@ def test_sglang_before_0_4_4_gets_no_body_and_a_warning_once(
     assert caplog.text.count("answers /stop_profile before its traces are written") == 1
 
 
-def test_refusals_become_messages_that_name_the_cause(sglang_server: type[_SGLang]) -> None:
+def test_refusals_become_messages_that_name_the_cause(sglang_server: type[SGLangStandIn]) -> None:
     url = sglang_server.url
     driver = SglangHttpDriver(url, ins.ProfilerConfig(), sglang_version="0.5.23")
     driver.start()
@@ -417,7 +341,7 @@ def test_refusals_become_messages_that_name_the_cause(sglang_server: type[_SGLan
         SglangHttpDriver(url, ins.ProfilerConfig()).start()
 
 
-def test_a_stop_after_num_steps_is_not_a_failure(sglang_server: type[_SGLang]) -> None:
+def test_a_stop_after_num_steps_is_not_a_failure(sglang_server: type[SGLangStandIn]) -> None:
     """With ``num_steps`` SGLang stops by itself; a later stop is refused (500) and that is fine, once."""
     driver = SglangHttpDriver(sglang_server.url, ins.ProfilerConfig(token_window=(0, 1)))
     driver.start()
@@ -427,7 +351,7 @@ def test_a_stop_after_num_steps_is_not_a_failure(sglang_server: type[_SGLang]) -
         driver.stop()  # a second stop is a real mistake again
 
 
-def test_a_stop_past_its_deadline_on_a_live_server_is_still_flushing(sglang_server: type[_SGLang]) -> None:
+def test_a_stop_past_its_deadline_on_a_live_server_is_still_flushing(sglang_server: type[SGLangStandIn]) -> None:
     sglang_server.overrides["/stop_profile"] = 0  # held: the flush goes on past the deadline
     driver = SglangHttpDriver(sglang_server.url, ins.ProfilerConfig(), sglang_version="0.5.23", stop_timeout_s=0.3)
     with pytest.raises(EngineStillFlushingError, match=r"still flushing after 0\.3 s \(the server answers /health\)"):
