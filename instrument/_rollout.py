@@ -1,13 +1,16 @@
-"""``instrument rollout start|stop|status``: fan a profiler call out to every vLLM server behind a router.
+"""``instrument rollout start|stop|status``: fan a profiler call out to every engine server behind a router.
 
 Workers come from a router's ``/workers`` (or repeated ``--worker-url``); each is called with
 bounded concurrency and its own overall deadline (:mod:`instrument._http`); one dead, slow or
 broken worker never stops the others and always becomes a row of the table, never a traceback.
+vLLM servers are driven by :class:`~instrument.backends.vllm.HttpEngineDriver`, SGLang servers by
+:class:`SglangWorker` around :class:`~instrument.backends.sglang.SglangHttpDriver`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import time
@@ -19,12 +22,15 @@ from typing import Any
 from instrument._http import HttpError, check_http_url, check_timeout
 from instrument._http import request as http_request
 from instrument._progress import Display, wanted
+from instrument.backends.sglang import SglangHttpDriver
 from instrument.backends.vllm import EngineProfilerError, EngineStillFlushingError, HttpEngineDriver
 
 __all__ = [
     "STATES",
     "DriverFactory",
     "EngineProgress",
+    "NotProfilingError",
+    "SglangWorker",
     "WorkerOutcome",
     "fan_out",
     "list_router_workers",
@@ -50,7 +56,7 @@ STATES = (
     "profiling",  # start: it is profiling now
     "restarted",  # start: it was profiling already; stopped (flushed) and started again
     "flushed",  # stop: stopped after a start recorded here, traces written
-    "not-profiling",  # stop: no start recorded here; vLLM ignores such a stop, nothing is written
+    "not-profiling",  # stop: nothing was profiling (vLLM: no start recorded here; SGLang: it refused the stop)
     "still-flushing",  # stop: past its deadline while the server answers /health
     "routes",  # status: it has profiling routes
     "no-routes",  # status: started without a profiler
@@ -59,8 +65,16 @@ STATES = (
 )
 
 
+# sgl-router --dp-aware lists one entry per DP rank of a server, "http://host:port@{rank}".
+_DP_RANK_SUFFIX = re.compile(r"@\d+$")
+
+
 def _worker_urls(payload: Any) -> list[tuple[str, bool]]:
-    """``(url, healthy)`` pairs from the shapes routers answer with; ``ValueError`` otherwise."""
+    """``(url, healthy)`` pairs from the shapes routers answer with; ``ValueError`` otherwise.
+
+    The entries of one server's DP ranks (``http://host:port@0``, ``@1``; sgl-router ``--dp-aware``)
+    become that server, once, healthy when any of them is: its profiler is the server's.
+    """
     items = payload
     if isinstance(payload, dict):
         for key in ("workers", "urls", "worker_urls"):
@@ -81,7 +95,11 @@ def _worker_urls(payload: Any) -> list[tuple[str, bool]]:
             out.append((item["url"], bool(healthy) and status not in ("unhealthy", "dead", "down")))
         else:
             raise ValueError(f"a worker must be a URL or an object with a 'url': {item!r}")
-    return out
+    servers: dict[str, bool] = {}
+    for url, healthy in out:
+        server = _DP_RANK_SUFFIX.sub("", url)
+        servers[server] = servers.get(server, False) or healthy
+    return list(servers.items())
 
 
 def list_router_workers(router_url: str, *, timeout_s: float = 10.0) -> list[tuple[str, bool]]:
@@ -123,8 +141,72 @@ def list_router_workers(router_url: str, *, timeout_s: float = 10.0) -> list[tup
 
 
 DriverFactory = Callable[[str, float, float], Any]
-"""``(url, timeout_s, stop_timeout_s) -> driver``: an engine's HTTP driver (``start_profile``,
-``stop``, ``has_profiler_routes``), :class:`~instrument.backends.vllm.HttpEngineDriver` by default."""
+"""``(url, timeout_s, stop_timeout_s) -> driver``: an engine's HTTP driver (``start_profile(prefix)
+-> restarted``, ``stop()``, ``has_profiler_routes()``): :class:`~instrument.backends.vllm.HttpEngineDriver`
+by default, :class:`SglangWorker` for SGLang. A driver whose ``refuses_idle_stop`` is true raises
+:class:`NotProfilingError` from a stop when nothing was profiling, so a stop it accepts flushed
+something even without a start recorded here."""
+
+
+class NotProfilingError(EngineProfilerError):
+    """The engine refused a stop because it was not profiling: nothing was flushed (not a failure)."""
+
+
+class SglangWorker:
+    """:class:`~instrument.backends.sglang.SglangHttpDriver` as :func:`fan_out` drives it.
+
+    SGLang answers every refusal with a bare 500, so this asks the server's version first (a
+    server that is not SGLang, or wants an API key, fails there with its own message); a stop
+    refused after that is SGLang saying "not profiling". ``started_here``: a start of this worker
+    was recorded and not stopped, so a start flushes it first (SGLang 0.5.23 loses a running
+    session's trace when it refuses a second start, so the second start is never sent while it
+    runs). ``stops_by_itself``: that start sent ``num_steps``, after which SGLang stops by itself,
+    so the stop's refusal means "flushed then". After a start, ``stops_by_itself`` says whether
+    this one sent ``num_steps``.
+    """
+
+    refuses_idle_stop = True
+
+    def __init__(self, driver: SglangHttpDriver, *, started_here: bool = False, stops_by_itself: bool = False) -> None:
+        self.driver = driver
+        self.started_here = started_here
+        self.stops_by_itself = stops_by_itself
+
+    def has_profiler_routes(self) -> bool:
+        """SGLang always serves ``/start_profile``; ``True`` once the server names its SGLang version."""
+        self.driver.server_version()
+        return True
+
+    def start_profile(self, prefix: str | None = None) -> bool:
+        """Start profiling; ``True`` when a start recorded here was still running: flushed, then started again."""
+        restarted = False
+        if self.started_here:
+            try:
+                self.stop()
+                restarted = True
+            except NotProfilingError:
+                pass  # it had ended (num_steps, a stop from elsewhere, a restarted server): nothing to flush
+        body = self.driver.start_body(prefix)
+        self.driver.start(prefix)
+        self.stops_by_itself = body is not None and "num_steps" in body
+        self.started_here = True
+        return restarted
+
+    def stop(self) -> float:
+        """Stop and wait for the flush; :class:`NotProfilingError` when SGLang was not profiling."""
+        self.driver.server_version()
+        try:
+            return self.driver.stop()
+        except EngineStillFlushingError:
+            raise
+        except EngineProfilerError:
+            stopped_by_itself, self.stops_by_itself = self.stops_by_itself, False
+            if stopped_by_itself:
+                return 0.0  # SGLang stopped after num_steps and wrote its traces then
+            raise NotProfilingError(
+                "not profiling: nothing flushed (SGLang refused the stop with a bare 500, as it does when not "
+                "profiling; its log says why)"
+            ) from None
 
 
 def _vllm_driver(url: str, timeout_s: float, stop_timeout_s: float) -> HttpEngineDriver:
@@ -152,7 +234,12 @@ def _act(
                 return outcome(True, "restarted", "was profiling: restarted; earlier traces flushed under their prefix")
             return outcome(True, "profiling", "profiling")
         if action == "stop":
-            driver.stop()
+            try:
+                driver.stop()
+            except NotProfilingError as exc:
+                return outcome(True, "not-profiling", str(exc))
+            if started_here is False and getattr(driver, "refuses_idle_stop", False):
+                return outcome(True, "flushed", "was profiling (not started from here): stopped, traces flushed")
             if started_here is False:  # vLLM answers 200 to a stop without a start and writes nothing
                 return outcome(True, "not-profiling", "not profiling: nothing flushed (no start recorded for it)")
             return outcome(True, "flushed", "stopped, traces flushed")

@@ -1,7 +1,8 @@
 """What ``instrument rollout start`` leaves for the stop, and the stop's relocation of every replica.
 
 ``start`` and ``stop`` are separate commands, so the start leaves one marker per worker URL: the
-prefix it sent and when (``time.time_ns()`` before the request). The stop reads it to tell a
+prefix it sent and when (``time.time_ns()`` before the request), the engine (``vllm``, ``sglang``)
+and whether the start asked the engine to stop by itself (SGLang's ``num_steps``). The stop reads it to tell a
 stop after a start ("flushed") from a stop without one ("not profiling"), and to relocate only
 what the replicas wrote since this start. Markers live in ``$XDG_STATE_HOME/instrument/rollout``
 (default ``~/.local/state/...``) or ``--state-dir``; each is one small JSON file written to a
@@ -47,11 +48,14 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]+")
 
 @dataclass(frozen=True)
 class StartMarker:
-    """One worker's start: its URL, the prefix sent, and ``time.time_ns()`` just before the request."""
+    """One worker's start: its URL, the prefix sent, ``time.time_ns()`` just before the request, the
+    engine, and whether the engine stops by itself (SGLang after ``num_steps``)."""
 
     url: str
     prefix: str | None
     started_ns: int
+    engine: str = "vllm"
+    stops_by_itself: bool = False
 
     def clock(self) -> str:
         """The start as local wall-clock time, ``HH:MM:SS``."""
@@ -80,8 +84,14 @@ class MarkerStore:
         """The marker of ``url``, or ``None`` when there is none or it cannot be read as one."""
         try:
             data = json.loads(self.path(url).read_text(encoding="utf-8"))
-            prefix = data.get("prefix")
-            marker = StartMarker(str(data["url"]), prefix if isinstance(prefix, str) else None, int(data["started_ns"]))
+            prefix, engine = data.get("prefix"), data.get("engine", "vllm")  # markers before SGLang name none
+            marker = StartMarker(
+                str(data["url"]),
+                prefix if isinstance(prefix, str) else None,
+                int(data["started_ns"]),
+                engine if isinstance(engine, str) else "vllm",
+                data.get("stops_by_itself") is True,
+            )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return None
         return marker if marker.url == url else None
@@ -89,7 +99,15 @@ class MarkerStore:
     def write(self, marker: StartMarker) -> None:
         """Replace the marker of ``marker.url`` atomically (temp name, fsync, rename); ``OSError`` on failure."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"url": marker.url, "prefix": marker.prefix, "started_ns": marker.started_ns}).encode()
+        data = json.dumps(
+            {
+                "url": marker.url,
+                "prefix": marker.prefix,
+                "started_ns": marker.started_ns,
+                "engine": marker.engine,
+                "stops_by_itself": marker.stops_by_itself,
+            }
+        ).encode()
         fd, temp = tempfile.mkstemp(prefix=".marker-", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as handle:
