@@ -27,15 +27,20 @@ import instrument as ins
 import instrument.backends.nvtx as nvtx_backend
 import instrument.testing
 
-N = 200_000
-
-
-def _best_ns(fn: Callable[[], Any], number: int = N) -> float:
-    return min(timeit.repeat(fn, number=number, repeat=7)) / number * 1e9
+ROUNDS, NUMBER = 15, 20_000
 
 
 def target(x: int) -> int:
     return x
+
+
+def _in_turns(candidates: dict[str, Callable[[], Any]]) -> dict[str, float]:
+    """Per-call ns, best of ROUNDS turns with every candidate once per turn: load slows them alike."""
+    best = dict.fromkeys(candidates, float("inf"))
+    for _ in range(ROUNDS):
+        for name, fn in candidates.items():
+            best[name] = min(best[name], timeit.timeit(fn, number=NUMBER) / NUMBER * 1e9)
+    return best
 
 
 def main() -> None:
@@ -61,42 +66,52 @@ def main() -> None:
         return target(*args, **kwargs)
 
     staged = ins.profiled_stage("update_actor")(target)
-    with tempfile.TemporaryDirectory() as save:
-        ins.configure(ins.ProfilerConfig(tool="nvtx", save_path=save, steps=(1,)), role="actor", rank=0, world_size=1)
-        bare = _best_ns(lambda: target(1))
-        floor = _best_ns(raw)
-        with ins.profile_step(1):
-            profiled = _best_ns(lambda: staged(1)) - bare
-        with ins.profile_step(2):
-            unprofiled = _best_ns(lambda: staged(1)) - bare
-        instrument.testing.reset()
-        real_seam, nvtx_backend.CUDA_PROFILER = (
-            nvtx_backend.CUDA_PROFILER,
-            types.SimpleNamespace(start="".format, stop="".format),
-        )
-        ins.configure(ins.ProfilerConfig(tool="nvtx", save_path=save, steps=(1,)), role="actor", rank=0, world_size=1)
-        with ins.profile_step(1):
-            captured = _best_ns(lambda: staged(1)) - bare
+
+    def measure(step: int) -> dict[str, float]:
+        """Inside step ``step`` of the configured run: the stage, its floors and a bare call, in turns."""
+        with ins.profile_step(step):
+            staged(1)  # the first call of a step goes through the session; the rest are measured
+            ns = _in_turns(
+                {
+                    "bare": lambda: target(1),
+                    "raw": raw,
+                    "floor": lambda: floor_closure(1),
+                    "closure": lambda: plain(1),
+                    "stage": lambda: staged(1),
+                }
+            )
+        bare = ns.pop("bare")
+        return {name: value if name == "raw" else value - bare for name, value in ns.items()}
+
+    def run(step: int, *, discrete: bool = True) -> dict[str, float]:
+        with tempfile.TemporaryDirectory() as save:
+            cfg = ins.ProfilerConfig(tool="nvtx", save_path=save, steps=(1,), discrete=discrete)
+            ins.configure(cfg, role="actor", rank=0, world_size=1)
+            try:
+                return measure(step)
+            finally:
+                instrument.testing.reset()
+
+    discrete, unprofiled, continuous = run(1), run(2), run(1, discrete=False)
+    real_seam = nvtx_backend.CUDA_PROFILER
+    nvtx_backend.CUDA_PROFILER = types.SimpleNamespace(start="".format, stop="".format)
+    try:
+        seam = run(1)
+    finally:
         nvtx_backend.CUDA_PROFILER = real_seam
-        instrument.testing.reset()
-        cfg = ins.ProfilerConfig(tool="nvtx", save_path=save, steps=(1,), discrete=False)
-        ins.configure(cfg, role="actor", rank=0, world_size=1)
-        with ins.profile_step(1):
-            continuous = _best_ns(lambda: staged(1)) - bare
-        closure = _best_ns(lambda: plain(1)) - bare
-        floor_cost = _best_ns(lambda: floor_closure(1)) - bare
-        instrument.testing.reset()
-    print(f"raw nvtx domain push+pop (prebuilt attributes)  {floor:7.0f} ns")
-    print(f"@profiled_stage, profiled step, continuous mode  {continuous:7.0f} ns added  (a range)")
-    print(f"@profiled_stage, profiled step, discrete mode    {profiled:7.0f} ns added  (no CUDA: a range)")
-    print(f"@profiled_stage, discrete, capture-range seam    {captured:7.0f} ns added  (as on a GPU, less CUDA)")
-    print(f"@profiled_stage, unprofiled step                 {unprofiled:7.0f} ns added")
-    print(f"functools.wraps closure                          {closure:7.0f} ns added")
-    print(f"closure pushing/popping the same prebuilt range {floor_cost:7.0f} ns added  (the floor)")
-    print(f"ratio continuous stage / floor = {continuous / floor_cost:.2f}   (goal <= 2)")
-    print(f"ratio discrete stage / floor   = {profiled / floor_cost:.2f}   (goal <= 3)")
-    print(f"ratio discrete, with the seam  = {captured / floor_cost:.2f}")
-    print(f"ratio unprofiled stage / closure    = {unprofiled / closure:.2f}  (goal: about 1)")
+
+    print(f"raw nvtx domain push+pop (prebuilt attributes)  {discrete['raw']:7.0f} ns")
+    print(f"closure pushing/popping the same prebuilt range {discrete['floor']:7.0f} ns added  (the floor)")
+    print(f"functools.wraps closure                          {discrete['closure']:7.0f} ns added")
+    rows = (
+        ("continuous mode", continuous, "floor", "a range", "<= 2"),
+        ("discrete mode", discrete, "floor", "no CUDA: a range", "<= 3"),
+        ("discrete, capture-range seam", seam, "floor", "as on a GPU, less CUDA's calls", "<= 3"),
+        ("unprofiled step", unprofiled, "closure", "against the plain closure", "about 1"),
+    )
+    for label, ns, floor, note, goal in rows:
+        ratio = ns["stage"] / ns[floor]
+        print(f"@profiled_stage, {label:29s} {ns['stage']:7.0f} ns added  ratio {ratio:.2f} (goal {goal}; {note})")
 
 
 if __name__ == "__main__":

@@ -66,20 +66,34 @@ def unprofiled_costs() -> dict[str, float]:
         wrapped = plain_wrapper(target)
         wrapt_wrapped = wrapt_passthrough(target)
         with ins.profile_step(1):
-            bare = _best_ns(lambda: target(1))
-            costs = {
-                "bare call": bare,
-                "functools.wraps closure": _best_ns(lambda: wrapped(1)) - bare,
-                "@profiled_stage (off)": _best_ns(lambda: staged(1)) - bare,
-                "wrapt passthrough": _best_ns(lambda: wrapt_wrapped(1), N // 4) - bare,
-            }
-            with_window = _best_ns(_window_loop_body)
-            empty = _best_ns(_empty_loop_body)
-            costs["profile_window (off)"] = with_window - empty
+            # In turns, best of each: a busy neighbour slows every candidate alike, not one block of them.
+            costs = _in_turns(
+                {
+                    "bare call": lambda: target(1),
+                    "functools.wraps closure": lambda: wrapped(1),
+                    "@profiled_stage (off)": lambda: staged(1),
+                    "wrapt passthrough": lambda: wrapt_wrapped(1),
+                    "with profile_window (off)": _window_loop_body,
+                    "empty body": _empty_loop_body,
+                }
+            )
+            bare, empty = costs["bare call"], costs.pop("empty body")
+            for name in ("functools.wraps closure", "@profiled_stage (off)", "wrapt passthrough"):
+                costs[name] -= bare
+            costs["profile_window (off)"] = costs.pop("with profile_window (off)") - empty
             rf = torch.autograd.profiler.record_function
             costs["torch record_function (no profiler)"] = _best_ns(lambda: rf("x").__enter__(), N // 20)
         instrument.testing.reset()
     return costs
+
+
+def _in_turns(candidates: dict[str, Callable[[], Any]], rounds: int = 15, number: int = 20_000) -> dict[str, float]:
+    """Per-call nanoseconds of each candidate: best of ``rounds`` turns, every candidate once per turn."""
+    best = dict.fromkeys(candidates, float("inf"))
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            best[name] = min(best[name], timeit.timeit(fn, number=number) / number * 1e9)
+    return best
 
 
 def _window_loop_body() -> None:
@@ -118,12 +132,9 @@ def profiled_range_cost() -> dict[str, float]:
             "_RecordFunctionFast alone": fast,
             "closure around _RecordFunctionFast": lambda: floor_closure(1),
         }
-        best = dict.fromkeys(candidates, float("inf"))
         with ins.profile_step(1):
             assert STATE.recording
-            for _ in range(9):
-                for name, fn in candidates.items():
-                    best[name] = min(best[name], timeit.timeit(fn, number=3_000) / 3_000 * 1e9)
+            best = _in_turns(candidates, rounds=9, number=3_000)
         instrument.testing.reset()
     bare = best.pop("bare")
     return {name: ns - (0 if name == "_RecordFunctionFast alone" else bare) for name, ns in best.items()}

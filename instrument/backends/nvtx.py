@@ -185,15 +185,19 @@ class NvtxBackend:
             return (self._domain.push_range, attributes, self._domain.pop_range)
         return (self._hold, attributes, self._let_go)
 
-    # _hold and _let_go run around every fast-path call: _capture is inlined (one Python call less each).
+    # _hold and _let_go run around every fast-path call: _capture is inlined (one Python call less
+    # each) and the lock is taken with acquire/release (half the cost of a `with` block on a Lock).
 
     def _hold(self, attributes: Any) -> None:
         try:
-            with self._lock:
+            self._lock.acquire()
+            try:
                 self._holders += 1
                 if self._holders == 1 and self._spec is None and not self._capturing:
                     self._capturing = True
                     CUDA_PROFILER.start()
+            finally:
+                self._lock.release()
             self._domain.push_range(attributes)
         except Exception as exc:  # the fast path runs in the user's call: report, never raise
             self._report("could not open a capture range", exc)
@@ -201,12 +205,15 @@ class NvtxBackend:
     def _let_go(self) -> None:
         try:
             self._domain.pop_range()
-            with self._lock:
+            self._lock.acquire()
+            try:
                 self._holders -= 1
                 if self._holders == 0 and self._spec is None and self._capturing:
                     self._capturing = False
                     self.windows_saved += 1
                     CUDA_PROFILER.stop()
+            finally:
+                self._lock.release()
         except Exception as exc:
             self._report("could not close a capture range", exc)
 
