@@ -42,6 +42,7 @@ class Engine:
     traces: EngineTraces
     prefix_joint: str  # what follows the prefix in its file names
     start_reads_config: bool  # whether a start sends the configuration (else it is fixed at launch)
+    check_prefix: Callable[[str | None], object]  # ValueError naming a prefix the engine cannot take
     writes_at: str  # when the profiler directory gets its files
 
 
@@ -73,6 +74,7 @@ ENGINES: dict[str, Engine] = {
         traces=VLLM_TRACES,
         prefix_joint="_",
         start_reads_config=False,
+        check_prefix=lambda prefix: None,
         writes_at="vLLM makes replicaN there at the first stop",
     ),
     "sglang": Engine(
@@ -86,6 +88,7 @@ ENGINES: dict[str, Engine] = {
         traces=sglang.SGLANG_TRACES,
         prefix_joint="-",
         start_reads_config=True,
+        check_prefix=lambda prefix: sglang.sglang_start_body(ProfilerConfig(), prefix=prefix, sglang_version="0.5.6"),
         writes_at="SGLang writes into it at the stop",
     ),
 }
@@ -363,6 +366,7 @@ def _drivers(
                 f"pass --engine {marker.engine}, or --state-dir elsewhere to ignore that start"
             )
     config = _start_config(args, engine)
+    engine.check_prefix(getattr(args, "prefix", None))
     return {url: engine.worker(url, config, markers.get(url), args.timeout, args.stop_timeout) for url in urls}
 
 
