@@ -6,13 +6,14 @@ torch 2.14.1, CUDA torchvision / torchaudio / torchcodec, and its CPU engine nee
 build, which is only built from source; docs/sglang.md shows where it stops). So the HTTP tests use a
 stand-in (tests/sglang_support/server.py): a real HTTP server from the standard library on 127.0.0.1
 that answers as SGLang's own code does, read from the release wheels
-(``sglang/srt/entrypoints/http_server.py``: ``/start_profile`` and ``/stop_profile`` accept GET and
-POST and answer 200 with a text line, an exception becomes a bare 500; ``/server_info`` from 0.5.8, ``/get_server_info`` before, with ``"version"``; the scheduler's
-profiler (``managers/scheduler_components/profiler_manager.py`` in 0.5.23) refuses a second start and a
-stop without a start, and writes ``[{prefix}-]{profile_id}-TP-{t}[-{stage}].trace.json.gz`` into the
-body's ``output_dir`` once per TP rank at the stop). The bodies checked here were also validated by
-SGLang 0.5.23's real ``ProfileReq`` schema (pydantic) in a scratch environment. Relocation runs on real
-files, across a filesystem boundary too.
+(``sglang/srt/entrypoints/http_server.py``: ``/start_profile`` and ``/stop_profile`` accept GET and POST
+and answer 200 with a text line, an exception becomes a bare 500; ``/server_info`` from 0.5.8,
+``/get_server_info`` before, with ``"version"``; the scheduler's profiler
+(``managers/scheduler_components/profiler_manager.py`` in 0.5.23) refuses a second start and a stop
+without a start, and writes ``[{prefix}-]{profile_id}-TP-{t}[-{stage}].trace.json.gz`` into the body's
+``output_dir`` once per TP rank at the stop). The bodies checked here were also validated by SGLang
+0.5.23's real ``ProfileReq`` schema (pydantic) in a scratch environment. Relocation runs on real files,
+across a filesystem boundary too.
 """
 
 from __future__ import annotations
