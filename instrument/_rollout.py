@@ -22,7 +22,7 @@ from typing import Any
 from instrument._http import HttpError, check_http_url, check_timeout
 from instrument._http import request as http_request
 from instrument._progress import Display, wanted
-from instrument.backends.sglang import SglangHttpDriver
+from instrument.backends.sglang import SglangHttpDriver, SglangRefusedError
 from instrument.backends.vllm import EngineProfilerError, EngineStillFlushingError, HttpEngineDriver
 
 __all__ = [
@@ -155,14 +155,12 @@ class NotProfilingError(EngineProfilerError):
 class SglangWorker:
     """:class:`~instrument.backends.sglang.SglangHttpDriver` as :func:`fan_out` drives it.
 
-    SGLang answers every refusal with a bare 500, so this asks the server's version first (a
-    server that is not SGLang, or wants an API key, fails there with its own message); a stop
-    refused after that is SGLang saying "not profiling". ``started_here``: a start of this worker
-    was recorded and not stopped, so a start flushes it first (SGLang 0.5.23 loses a running
-    session's trace when it refuses a second start, so the second start is never sent while it
-    runs). ``stops_by_itself``: that start sent ``num_steps``, after which SGLang stops by itself,
-    so the stop's refusal means "flushed then". After a start, ``stops_by_itself`` says whether
-    this one sent ``num_steps``.
+    SGLang answers every refusal with a bare 500 (:class:`SglangRefusedError`), so a stop asks the
+    server's version first (a server that is not SGLang, or wants an API key, fails there with its
+    own message); a refused stop is then SGLang saying "not profiling". ``started_here``: a start
+    of this worker was recorded and not stopped, so a start flushes it first (SGLang 0.5.23 loses a
+    running session's trace when it refuses a second start, so that start is never sent while it
+    runs). ``stops_by_itself`` comes from the start's marker: that start sent ``num_steps``.
     """
 
     refuses_idle_stop = True
@@ -170,7 +168,12 @@ class SglangWorker:
     def __init__(self, driver: SglangHttpDriver, *, started_here: bool = False, stops_by_itself: bool = False) -> None:
         self.driver = driver
         self.started_here = started_here
-        self.stops_by_itself = stops_by_itself
+        driver.stops_by_itself = stops_by_itself
+
+    @property
+    def stops_by_itself(self) -> bool:
+        """The last start sent ``num_steps``: SGLang stops by itself, and refuses the stop after it."""
+        return self.driver.stops_by_itself
 
     def has_profiler_routes(self) -> bool:
         """SGLang always serves ``/start_profile``; ``True`` once the server names its SGLang version."""
@@ -186,23 +189,16 @@ class SglangWorker:
                 restarted = True
             except NotProfilingError:
                 pass  # it had ended (num_steps, a stop from elsewhere, a restarted server): nothing to flush
-        body = self.driver.start_body(prefix)
         self.driver.start(prefix)
-        self.stops_by_itself = body is not None and "num_steps" in body
         self.started_here = True
         return restarted
 
     def stop(self) -> float:
         """Stop and wait for the flush; :class:`NotProfilingError` when SGLang was not profiling."""
-        self.driver.server_version()
+        self.driver.server_version()  # a server that is not SGLang fails here, with its own message
         try:
-            return self.driver.stop()
-        except EngineStillFlushingError:
-            raise
-        except EngineProfilerError:
-            stopped_by_itself, self.stops_by_itself = self.stops_by_itself, False
-            if stopped_by_itself:
-                return 0.0  # SGLang stopped after num_steps and wrote its traces then
+            return self.driver.stop()  # a refusal after a num_steps start is not one: the driver knows
+        except SglangRefusedError:
             raise NotProfilingError(
                 "not profiling: nothing flushed (SGLang refused the stop with a bare 500, as it does when not "
                 "profiling; its log says why)"

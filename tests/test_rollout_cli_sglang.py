@@ -229,6 +229,18 @@ def test_a_server_that_is_not_sglang_is_a_failed_row(
     assert all(path != "/stop_profile" for _, path, _, _ in sglang.requests)
 
 
+def test_a_stop_that_fails_otherwise_is_a_failed_row_not_not_profiling(
+    capsys: pytest.CaptureFixture[str], sglang: type[SGLangStandIn], tmp_path: Path
+) -> None:
+    """Only SGLang's bare 500 means "not profiling"; any other answer is a failure, and the marker stays."""
+    where = [*SGLANG, "--worker-url", sglang.url, "--state-dir", str(tmp_path / "state")]
+    assert _run(capsys, "start", *where, "--step", "1")[0] == 0
+    sglang.overrides["/stop_profile"] = 502  # a proxy in front of the engine, say
+    status, out, _ = _run(capsys, "stop", *where)
+    assert status == 1 and "FAILED" in out and "stop_profile answered 502" in out and "not profiling" not in out
+    assert MarkerStore(tmp_path / "state").read(sglang.url) is not None
+
+
 # --------------------------------------------------------------------------- bad input, before any call
 
 

@@ -51,6 +51,7 @@ __all__ = [
     "SGLANG_TRACES",
     "LaunchArgs",
     "SglangHttpDriver",
+    "SglangRefusedError",
     "installed_sglang_version",
     "parse_version",
     "profiler_launch_args",
@@ -254,6 +255,10 @@ def _show(version: Version) -> str:
 _HEALTH_TIMEOUT_S = 5.0
 
 
+class SglangRefusedError(EngineProfilerError):
+    """SGLang refused a start or stop with its bare 500: already profiling, or not profiling."""
+
+
 class SglangHttpDriver:
     """Start and stop one SGLang server's profiler over HTTP (``POST /start_profile`` with a JSON body,
     ``POST /stop_profile``); an :class:`instrument.backends.engines.EngineDriver`.
@@ -294,7 +299,7 @@ class SglangHttpDriver:
         self.version: Version | None = None if sglang_version is None else parse_version(sglang_version)
         self._base: dict[str, Any] | None = self._build(NEWEST)  # bad settings fail here, naming the field
         self._base_for: Version | None = None
-        self._stops_by_itself = False  # the last start sent num_steps: SGLang may have stopped by itself
+        self.stops_by_itself = False  # the last start sent num_steps: SGLang may have stopped by itself
 
     def _build(self, target: Version) -> dict[str, Any] | None:
         body, self._notes = _start_body(
@@ -357,7 +362,7 @@ class SglangHttpDriver:
             f"{self.base_url}/start_profile", method="POST", body=body, timeout_s=self.timeout_s
         )
         self._check(status, text, "start_profile")
-        self._stops_by_itself = body is not None and "num_steps" in body
+        self.stops_by_itself = body is not None and "num_steps" in body
 
     def stop(self) -> float:
         """Stop profiling and wait for the flush (up to ``stop_timeout_s``); returns the seconds it took.
@@ -376,7 +381,7 @@ class SglangHttpDriver:
                     "its traces appear once SGLang has written them: wait, or raise the stop timeout"
                 ) from None
             raise
-        stopped_by_itself, self._stops_by_itself = self._stops_by_itself, False
+        stopped_by_itself, self.stops_by_itself = self.stops_by_itself, False
         if status == 500 and stopped_by_itself:
             logger.debug("instrument: %s had stopped by itself after num_steps", self.base_url)
         else:
@@ -408,5 +413,5 @@ class SglangHttpDriver:
                 if route == "start_profile"
                 else "not profiling (nothing to flush)"
             )
-            raise EngineProfilerError(f"{self.base_url}/{route} answered 500: most likely {hint}; the server log says")
+            raise SglangRefusedError(f"{self.base_url}/{route} answered 500: most likely {hint}; the server log says")
         raise EngineProfilerError(f"{self.base_url}/{route} answered {status}: {text[:200]!r}")
