@@ -113,6 +113,7 @@ def _forget_parent_run() -> None:
     STATE.session = None
     STATE.recording = STATE.engaged = False
     STATE.fast = STATE.observers = None
+    STATE.on_oom = None  # never closed here: its lock may have been held by another thread at fork
 
 
 os.register_at_fork(after_in_child=_forget_parent_run)

@@ -310,14 +310,16 @@ def _relocate(
     outcomes: list[WorkerOutcome],
     markers: dict[str, StartMarker],
     stop_began_ns: int,
-) -> tuple[list[_rollout_files.ReplicaMove], list[str]]:
-    """Relocate after the stop; the moves and the lines to print."""
+) -> tuple[list[_rollout_files.ReplicaMove], list[str], bool]:
+    """Relocate after the stop; the moves, the lines to print and whether every file that had to move did."""
     config, world = plan
     still = [o.url for o in outcomes if o.state == "still-flushing"]
     if still:
-        return [], [
-            f"relocation skipped: {len(still)} worker(s) still flushing; run the same stop again once they are done"
-        ]
+        return (
+            [],
+            [f"relocation skipped: {len(still)} worker(s) still flushing; run the same stop again once they are done"],
+            True,
+        )
     starts = [markers[o.url].started_ns for o in outcomes if o.state == "flushed" and o.url in markers]
     since_ns = min(starts) if starts else stop_began_ns  # without a start: what this stop flushed
     try:
@@ -333,13 +335,13 @@ def _relocate(
         )
     except FileNotFoundError:
         where = ENGINES[args.engine].writes_at
-        return [], [f"relocation FAILED: {args.profiler_dir} does not exist ({where})"]
+        return [], [f"relocation FAILED: {args.profiler_dir} does not exist ({where})"], False
     except OSError as exc:
-        return [], [f"relocation FAILED: cannot list {args.profiler_dir}: {exc}"]
+        return [], [f"relocation FAILED: cannot list {args.profiler_dir}: {exc}"], False
     lines = _rollout_files.summary(moves, args.save_path)
     if not moves:
         lines.append(f"no replicaN directory in {args.profiler_dir}: were the engines launched with launch-args?")
-    return moves, lines
+    return moves, lines, not any(m.failed for m in moves)
 
 
 def _start_config(args: argparse.Namespace, engine: Engine) -> ProfilerConfig:
@@ -408,13 +410,13 @@ def _fan_out(args: argparse.Namespace) -> int:
     ]
     moves: list[_rollout_files.ReplicaMove] = []
     lines: list[str] = []
+    relocated = True
     if relocation is not None:
-        moves, lines = _relocate(args, relocation, outcomes, markers, began_ns)
-    if args.action == "stop":
+        moves, lines, relocated = _relocate(args, relocation, outcomes, markers, began_ns)
+    if args.action == "stop" and relocated:  # a failed relocation keeps the starts: the same stop retries it
         for outcome in outcomes:  # the start is over once its traces are flushed, or the engine says none ran
             if outcome.state in ("flushed", "not-profiling"):
                 store.remove(outcome.url)
-    relocation_failed = any(line.startswith("relocation FAILED") for line in lines)
     if args.json:
         payload: dict[str, Any] = {"workers": [asdict(o) for o in outcomes]}
         if relocation is not None:
@@ -422,7 +424,7 @@ def _fan_out(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     else:
         print("\n".join([_rollout.render_table(outcomes), *lines]))
-    return 0 if all(o.ok for o in outcomes) and not relocation_failed else 1
+    return 0 if all(o.ok for o in outcomes) and relocated else 1
 
 
 def main_from_args(args: argparse.Namespace) -> int:

@@ -248,3 +248,4 @@ def test_relocation_of_a_missing_profiler_dir_is_a_failure_naming_it(
     status, out, _ = _run(capsys, "stop", "--worker-url", url, "--step", "1", "--save-path", str(tmp_path / "save"),
                           "--profiler-dir", str(tmp_path / "nowhere"), *state)  # fmt: skip
     assert status == 1 and f"relocation FAILED: {tmp_path / 'nowhere'} does not exist" in out
+    assert MarkerStore(tmp_path / "state").read(url) is not None  # kept: the same stop, rerun, retries it

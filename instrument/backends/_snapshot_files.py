@@ -5,7 +5,8 @@ Pickled into this process's private scratch folder (mode 0700, made by ``mkdtemp
 hard-linked under a name no file has (never overwriting, no symlink followed) and published to the
 manifest. Stage snapshots are written by a background thread (a 100,000-event snapshot takes
 seconds to pickle; the training thread only takes it); at most :data:`PENDING` wait, so a fast loop
-cannot pile them up in memory. Standard library only.
+cannot pile them up in memory (a stage's end waits for a place at most :data:`WAIT_FOR_WRITER_S`,
+then drops its snapshot with a warning). Standard library only.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ __all__ = ["PENDING", "SNAPSHOT_SUFFIX", "SnapshotWriter", "cut_stacks"]
 
 SNAPSHOT_SUFFIX = ".pickle"
 PENDING = 2
+WAIT_FOR_WRITER_S = 60.0  # a stage's end waits at most this for a free place, then drops the snapshot
 """Snapshots taken and not yet written, at most; the next one waits (and so does its stage)."""
 _EXCLUSIVE_ATTEMPTS = 5
 _TEMP_NAMES = itertools.count()
@@ -137,7 +139,13 @@ class SnapshotWriter:
         if self._worker is None or not self._worker.is_alive():
             self._worker = threading.Thread(target=self._work, name="instrument-snapshots", daemon=True)
             self._worker.start()
-        self._jobs.put(job)
+        try:
+            self._jobs.put(job, timeout=WAIT_FOR_WRITER_S)  # bounded: a stuck disk must not stop training
+        except queue.Full:
+            self._report(
+                "dropped a memory snapshot",
+                TimeoutError(f"the writer is {PENDING} snapshots behind after {WAIT_FOR_WRITER_S:g} s (a slow disk?)"),
+            )
 
     def _work(self) -> None:
         while True:

@@ -190,30 +190,34 @@ class NvtxBackend:
 
     def _hold(self, attributes: Any) -> None:
         try:
-            self._lock.acquire()
             try:
-                self._holders += 1
-                if self._holders == 1 and self._spec is None and not self._capturing:
-                    self._capturing = True
-                    CUDA_PROFILER.start()
-            finally:
-                self._lock.release()
-            self._domain.push_range(attributes)
+                self._lock.acquire()
+                try:
+                    self._holders += 1
+                    if self._holders == 1 and self._spec is None and not self._capturing:
+                        self._capturing = True
+                        CUDA_PROFILER.start()
+                finally:
+                    self._lock.release()
+            finally:  # pushed even if the capture range failed: _let_go pops it
+                self._domain.push_range(attributes)
         except Exception as exc:  # the fast path runs in the user's call: report, never raise
             self._report("could not open a capture range", exc)
 
     def _let_go(self) -> None:
         try:
-            self._domain.pop_range()
-            self._lock.acquire()
             try:
-                self._holders -= 1
-                if self._holders == 0 and self._spec is None and self._capturing:
-                    self._capturing = False
-                    self.windows_saved += 1
-                    CUDA_PROFILER.stop()
-            finally:
-                self._lock.release()
+                self._domain.pop_range()
+            finally:  # the count stays paired with _hold's, or the capture range would never close
+                self._lock.acquire()
+                try:
+                    self._holders -= 1
+                    if self._holders == 0 and self._spec is None and self._capturing:
+                        self._capturing = False
+                        self.windows_saved += 1
+                        CUDA_PROFILER.stop()
+                finally:
+                    self._lock.release()
         except Exception as exc:
             self._report("could not close a capture range", exc)
 

@@ -235,7 +235,8 @@ class TorchBackend:
         """Save torch's memory timeline (an HTML page with the plot) next to the trace; a failure is reported."""
         html = self._scratch(spec.save_path) / f"{base}{MEMORY_TIMELINE_SUFFIX}"
         try:
-            device = "cuda:0" if "cuda" in spec.contents and torch.cuda.is_available() else "cpu"
+            on_cuda = "cuda" in spec.contents and torch.cuda.is_available()
+            device = f"cuda:{torch.cuda.current_device()}" if on_cuda else "cpu"  # this rank's GPU, not GPU 0
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA snapshots (CPU has none)
                 profile.export_memory_timeline(str(html), device=device)
