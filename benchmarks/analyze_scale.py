@@ -31,6 +31,7 @@ Run: ``.venv/bin/python benchmarks/analyze_scale.py [--repeat 3] [--ray] [--big 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import importlib.util
 import json
@@ -306,7 +307,8 @@ def _stop_head(head: subprocess.Popen[bytes]) -> None:
         os.killpg(head.pid, signal.SIGTERM)  # the session this benchmark started: its head and workers only
         head.wait(timeout=60)
     except (ProcessLookupError, subprocess.TimeoutExpired):
-        os.killpg(head.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):  # already gone
+            os.killpg(head.pid, signal.SIGKILL)
 
 
 def ray_runs(sets: dict[str, Path], repeat: int) -> None:

@@ -11,9 +11,10 @@ class _State:
     """``recording``: a profiled step is open on this rank; ``engaged``: recording, or stage metrics
     on (decorated calls leave the disabled path); ``session``: the run of this process, if any.
 
-    ``fast``: on a profiled step whose stages need nothing but a range (continuous mode, no
-    metrics), stage name -> how to open its range, filled by the first call of each name; read
-    by decorated calls on ``fast_thread`` (0: any thread) instead of the session's bookkeeping.
+    ``fast``: on a profiled step whose stages open what they need by themselves (continuous mode,
+    or discrete NVTX: a range and a capture range; no metrics), stage name -> how to open it,
+    filled by the first call of each name; read by decorated calls on ``fast_thread`` (0: any
+    thread) instead of the session's bookkeeping.
     ``observers``: with stage metrics on, the same idea for unprofiled steps (time and observe).
     ``on_oom``: with ``memory.on_oom``, called as ``on_oom(exc, stage, role)`` by a stage an exception
     leaves (only then: the normal path never reads it).

@@ -63,9 +63,10 @@ def _build_parser() -> argparse.ArgumentParser:
 
     rollout = commands.add_parser(
         "rollout",
-        help="launch arguments for vLLM servers; start, stop (and relocate) or check their profilers",
+        help="launch arguments for vLLM / SGLang servers; start, stop (and relocate) or check their profilers",
         description=(
-            "launch-args prints a vLLM server's profiler arguments; start / stop / status call every healthy "
+            "launch-args prints a vLLM server's profiler arguments (an SGLang server's environment with "
+            "--engine sglang); start / stop / status call every healthy "
             "server listed by a router's /workers (or given with --worker-url), a few at a time, and print a "
             "table; stop --save-path moves this step's engine traces into save_path. docs/rollout.md."
         ),

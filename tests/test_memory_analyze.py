@@ -93,6 +93,14 @@ def test_a_large_snapshot_is_listed_but_not_read(save: Path, monkeypatch: pytest
     assert {m.peak_allocated for m in analyze(save).memory} == {None}
 
 
+def test_past_the_read_budget_snapshots_are_listed_without_a_peak(save: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """At thousands of ranks reading every snapshot would take long: a budget bounds the bytes read for peaks."""
+    first, second = sorted(analyze(save).memory, key=lambda m: Path(m.path).name)
+    monkeypatch.setattr(_snapshots, "READ_BUDGET_BYTES", max(first.bytes, second.bytes))
+    peaks = [m.peak_allocated for m in sorted(analyze(save).memory, key=lambda m: Path(m.path).name)]
+    assert peaks == [1024, None]  # the first fits the budget, the second no longer does
+
+
 class _Touch:
     def __init__(self, path: Path) -> None:
         self.path = path

@@ -13,7 +13,19 @@ them when called.  See ``docs/analyze.md``.
 
 from __future__ import annotations
 
+from instrument.analyze._ray import RayUnavailableError
 from instrument.analyze._reader import Skipped, TraceFile
 from instrument.analyze._report import CLOCK_CAVEAT, RankStats, Report, StageStats, analyze
+from instrument.analyze._snapshots import MemoryFile
 
-__all__ = ["CLOCK_CAVEAT", "RankStats", "Report", "Skipped", "StageStats", "TraceFile", "analyze"]
+__all__ = [
+    "CLOCK_CAVEAT",
+    "MemoryFile",
+    "RankStats",
+    "RayUnavailableError",
+    "Report",
+    "Skipped",
+    "StageStats",
+    "TraceFile",
+    "analyze",
+]

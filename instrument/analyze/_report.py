@@ -237,8 +237,9 @@ def analyze(
     place. The report is the same; ``jobs`` is then the cluster's CPUs. See ``docs/scale.md``.
 
     Files that cannot be read are listed in :attr:`Report.skipped` with the reason; raises
-    ``NotADirectoryError`` / ``OSError`` when ``path`` is no readable directory and ``ValueError``
-    on a bad filter.
+    ``NotADirectoryError`` / ``OSError`` when ``path`` is no readable directory, ``ValueError``
+    on a bad filter and :class:`RayUnavailableError` when ``ray`` is asked for and Ray is not
+    installed or the cluster cannot be reached.
     """
     started = time.perf_counter()
     root = Path(path)

@@ -40,6 +40,9 @@ __all__ = [
 READ_MAX_BYTES = 16 << 20
 """Snapshots up to this size are read for their peak; larger ones are only listed (memory_viz reads them)."""
 
+READ_BUDGET_BYTES = 256 << 20
+"""All snapshots read for peaks together: at thousands of ranks the rest are listed without one."""
+
 MEMORY_VIZ = "https://pytorch.org/memory_viz"
 HOW_TO_OPEN = (
     f"open a .pickle in PyTorch's memory viewer, {MEMORY_VIZ} (drag it in; it runs in the browser), or run "
@@ -137,6 +140,7 @@ def find_memory_files(
     step_set = None if steps is None else frozenset(steps)
     stage_set = None if stages is None else frozenset(stages)
     found = []
+    budget = READ_BUDGET_BYTES
     with os.scandir(directory) as listing:
         names = sorted(
             e.name for e in listing if not e.name.startswith(".") and e.name.endswith((_SNAPSHOT, _TIMELINE))
@@ -154,12 +158,20 @@ def find_memory_files(
             continue
         if stage_set is not None and label_key(stage) not in stage_set:
             continue
-        size = os.stat(path).st_size
+        try:
+            size = os.stat(path).st_size
+        except OSError:
+            continue  # gone since the listing: the others are still listed
         if name.endswith(_TIMELINE):
             kind, peak, note = "timeline", None, ""
         else:
             kind = "oom snapshot" if oom else "snapshot"
-            peak, note = _read_peak(path, size)
+            readable = size <= READ_MAX_BYTES
+            if readable and size > budget:
+                peak, note = None, f"not read: {READ_BUDGET_BYTES >> 20} MiB of snapshots were read already"
+            else:
+                budget -= size if readable else 0
+                peak, note = _read_peak(path, size)
         found.append(
             MemoryFile(path, kind, parsed.role, stage, parsed.step, parsed.rank, parsed.window, size, peak, note)
         )
