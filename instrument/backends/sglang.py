@@ -40,9 +40,10 @@ import re
 import time
 from typing import Any
 
-from instrument._http import HttpTimeoutError, check_http_url, check_timeout
+from instrument._http import check_http_url, check_timeout
 from instrument._http import request as http_request
-from instrument.backends.engines import SGLANG_TRACES, EngineProfilerError, EngineStillFlushingError
+from instrument.backends._engine_http import post_stop_profile, server_healthy
+from instrument.backends.engines import SGLANG_TRACES, EngineProfilerError
 from instrument.backends.vllm import LaunchArgs
 from instrument.config import ProfilerConfig
 from instrument.ranks import sglang_trace_local_rank
@@ -252,8 +253,6 @@ def _show(version: Version) -> str:
 
 # --------------------------------------------------------------------------- driving
 
-_HEALTH_TIMEOUT_S = 5.0
-
 
 class SglangRefusedError(EngineProfilerError):
     """SGLang refused a start or stop with its bare 500: already profiling, or not profiling."""
@@ -372,15 +371,9 @@ class SglangHttpDriver:
         the files (and says so when there are none).
         """
         started = time.monotonic()
-        try:
-            status, text = http_request(f"{self.base_url}/stop_profile", method="POST", timeout_s=self.stop_timeout_s)
-        except HttpTimeoutError:
-            if self.healthy():
-                raise EngineStillFlushingError(
-                    f"{self.base_url}: still flushing after {self.stop_timeout_s:g} s (the server answers /health); "
-                    "its traces appear once SGLang has written them: wait, or raise the stop timeout"
-                ) from None
-            raise
+        status, text = post_stop_profile(
+            self.base_url, timeout_s=self.timeout_s, stop_timeout_s=self.stop_timeout_s, engine="SGLang"
+        )
         stopped_by_itself, self.stops_by_itself = self.stops_by_itself, False
         if status == 500 and stopped_by_itself:
             logger.debug("instrument: %s had stopped by itself after num_steps", self.base_url)
@@ -390,11 +383,7 @@ class SglangHttpDriver:
 
     def healthy(self) -> bool:
         """Whether ``GET /health`` answers 200 within ``min(timeout_s, 5)`` seconds; never raises."""
-        try:
-            status, _ = http_request(f"{self.base_url}/health", timeout_s=min(self.timeout_s, _HEALTH_TIMEOUT_S))
-        except (OSError, ValueError):
-            return False
-        return status == 200
+        return server_healthy(self.base_url, self.timeout_s)
 
     def _check(self, status: int, text: bytes, route: str) -> None:
         if 200 <= status < 300:

@@ -31,8 +31,9 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from instrument._http import HttpTimeoutError, check_http_url, check_timeout
+from instrument._http import check_http_url, check_timeout
 from instrument._http import request as http_request
+from instrument.backends._engine_http import post_stop_profile, server_healthy
 from instrument.backends.engines import (
     VLLM_TRACES,
     EngineProfilerError,
@@ -70,7 +71,6 @@ PROFILER_CONFIG_SINCE = (0, 13)
 ENV_VARIABLES_UNTIL = (0, 16)
 """First vLLM release without the ``VLLM_TORCH_PROFILER_*`` variables."""
 
-_HEALTH_TIMEOUT_S = 5.0  # the /health probe after a stop ran out of time: a live server answers at once
 
 _ITERATION_ENV_SINCE = (0, 12)  # VLLM_PROFILER_DELAY_ITERS / _MAX_ITERS and VLLM_TORCH_PROFILER_USE_GZIP
 
@@ -283,25 +283,15 @@ class HttpEngineDriver:
         :class:`EngineStillFlushingError` (it goes on writing); any other failure is an ``OSError``.
         """
         started = time.monotonic()
-        try:
-            status, text = http_request(f"{self.base_url}/stop_profile", method="POST", timeout_s=self.stop_timeout_s)
-        except HttpTimeoutError:
-            if self.healthy():
-                raise EngineStillFlushingError(
-                    f"{self.base_url}: still flushing after {self.stop_timeout_s:g} s (the server answers /health); "
-                    "its traces appear once vLLM has written them: wait, or raise the stop timeout"
-                ) from None
-            raise
+        status, text = post_stop_profile(
+            self.base_url, timeout_s=self.timeout_s, stop_timeout_s=self.stop_timeout_s, engine="vLLM"
+        )
         self._check(status, text, "stop_profile")
         return time.monotonic() - started
 
     def healthy(self) -> bool:
         """Whether ``GET /health`` answers 200 within ``min(timeout_s, 5)`` seconds; never raises."""
-        try:
-            status, _ = http_request(f"{self.base_url}/health", timeout_s=min(self.timeout_s, _HEALTH_TIMEOUT_S))
-        except (OSError, ValueError):
-            return False
-        return status == 200
+        return server_healthy(self.base_url, self.timeout_s)
 
     def _check(self, status: int, text: bytes, route: str) -> None:
         if status == 404:
