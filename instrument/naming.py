@@ -27,7 +27,10 @@ __all__ = [
     "ENGINE_TRACE",
     "FRONTEND_TRACE",
     "LABEL_MAX_LEN",
+    "MEMORY_TIMELINE_SUFFIX",
+    "OOM_STAGE_PREFIX",
     "SCRATCH_PREFIX",
+    "SNAPSHOT_SUFFIX",
     "TRACE_SUFFIX",
     "TraceName",
     "check_label",
@@ -42,6 +45,12 @@ __all__ = [
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 """Suffix of torch traces; TensorBoard and HTA look for it."""
+SNAPSHOT_SUFFIX = ".pickle"
+"""Suffix of CUDA memory snapshots (PyTorch's memory_viz opens them)."""
+MEMORY_TIMELINE_SUFFIX = ".memory-timeline.html"
+"""Suffix of torch's memory timeline pages, saved beside their trace."""
+OOM_STAGE_PREFIX = "oom-"
+"""A snapshot saved at an out-of-memory error names its stage ``oom-{stage}``."""
 SCRATCH_PREFIX = ".instrument-tmp-"
 """Each process's private folder in ``save_path`` for files not yet complete (never a trace)."""
 
@@ -58,8 +67,8 @@ _KNOWN_SUFFIXES = (
     ".json.gz",
     ".json",
     ".nsys-rep",
-    ".pickle",
-    ".memory-timeline.html",
+    SNAPSHOT_SUFFIX,
+    MEMORY_TIMELINE_SUFFIX,
 )
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]")

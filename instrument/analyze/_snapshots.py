@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from instrument import naming
 from instrument.analyze import _safe_io
 from instrument.analyze._names import label_key
 from instrument.analyze._words import size as _size
@@ -49,8 +50,8 @@ HOW_TO_OPEN = (
     "`python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`; a .memory-timeline.html opens in any browser"
 )
 
-_SNAPSHOT = ".pickle"
-_TIMELINE = ".memory-timeline.html"
+_SNAPSHOT = naming.SNAPSHOT_SUFFIX
+_TIMELINE = naming.MEMORY_TIMELINE_SUFFIX
 
 
 @dataclass(frozen=True)
@@ -150,8 +151,8 @@ def find_memory_files(
         path = str(Path(directory) / name)
         if parsed is None or _safe_io.entry_problem(path) is not None:
             continue
-        oom = parsed.stage.startswith("oom-")
-        stage = parsed.stage.removeprefix("oom-") if oom else parsed.stage
+        oom = parsed.stage.startswith(naming.OOM_STAGE_PREFIX)
+        stage = parsed.stage.removeprefix(naming.OOM_STAGE_PREFIX)
         if (rank_set is not None and parsed.rank not in rank_set) or (
             step_set is not None and parsed.step not in step_set
         ):

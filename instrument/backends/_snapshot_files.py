@@ -30,7 +30,7 @@ from instrument.naming import SCRATCH_PREFIX
 
 __all__ = ["PENDING", "SNAPSHOT_SUFFIX", "SnapshotWriter", "cut_stacks"]
 
-SNAPSHOT_SUFFIX = ".pickle"
+SNAPSHOT_SUFFIX = naming.SNAPSHOT_SUFFIX
 PENDING = 2
 WAIT_FOR_WRITER_S = 60.0  # a stage's end waits at most this for a free place, then drops the snapshot
 """Snapshots taken and not yet written, at most; the next one waits (and so does its stage)."""

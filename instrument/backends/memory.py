@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from instrument import naming
 from instrument._memory_config import MEMORY_TOOL, MemorySnapshots
 from instrument.backends import Publish, Recorders, Report, TraceSpec
 from instrument.backends._snapshot_files import SNAPSHOT_SUFFIX, SnapshotWriter, cut_stacks
@@ -275,7 +276,7 @@ class OomSnapshots:
                     return
                 self.saved += 1
                 # Written before the error goes on: the process may not live much longer.
-                self._writer.save(CUDA.snapshot(), spec, stage=f"oom-{stage}", background=False)
+                self._writer.save(CUDA.snapshot(), spec, stage=f"{naming.OOM_STAGE_PREFIX}{stage}", background=False)
         except Exception as err:
             self._report("could not save a memory snapshot at an out-of-memory error", err)
 

@@ -46,7 +46,7 @@ except ImportError:  # pragma: no cover - older or newer torch without it
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 _EXCLUSIVE_ATTEMPTS = 5
 _TAIL_BYTES = 1 << 16  # kineto ends a trace with `"traceName": "<path>" }`: the tail holds it whole
-MEMORY_TIMELINE_SUFFIX = ".memory-timeline.html"
+MEMORY_TIMELINE_SUFFIX = naming.MEMORY_TIMELINE_SUFFIX
 """Beside a trace whose contents hold memory, shapes and stack: torch's memory timeline plot."""
 
 
