@@ -88,8 +88,7 @@ ENGINES: dict[str, Engine] = {
         traces=sglang.SGLANG_TRACES,
         prefix_joint="-",
         start_reads_config=True,
-        # The body builder names a prefix SGLang would join into a path ("a/b"); the body itself is not used.
-        check_prefix=lambda prefix: sglang.sglang_start_body(ProfilerConfig(), prefix=prefix, sglang_version="0.5.6"),
+        check_prefix=sglang.check_prefix,
         writes_at="SGLang writes into it at the stop",
     ),
 }

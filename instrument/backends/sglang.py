@@ -53,6 +53,7 @@ __all__ = [
     "LaunchArgs",
     "SglangHttpDriver",
     "SglangRefusedError",
+    "check_prefix",
     "installed_sglang_version",
     "parse_version",
     "profiler_launch_args",
@@ -152,6 +153,12 @@ def profiler_launch_args(
     return LaunchArgs(args=(), env=env, dropped=tuple(sorted(set(wanted) - set(env))))
 
 
+def check_prefix(prefix: str | None) -> None:
+    """Raise ``ValueError`` for a file-name prefix SGLang cannot take (it joins it into a path: no ``/``)."""
+    if prefix is not None and not (isinstance(prefix, str) and _PREFIX.match(prefix)):
+        raise ValueError(f"'prefix' must be 1-64 of [A-Za-z0-9.=+_-], starting with a letter or digit: {prefix!r}")
+
+
 def sglang_start_body(
     config: ProfilerConfig,
     *,
@@ -218,8 +225,7 @@ def _start_body(
     if profile_by_stage and num_steps is None:
         # SGLang counts each stage up to num_steps; without it its scheduler fails at the first batch.
         raise ValueError("'profile_by_stage' needs 'num_steps' (or a 'token_window'): SGLang counts each stage to it")
-    if prefix is not None and not (isinstance(prefix, str) and _PREFIX.match(prefix)):
-        raise ValueError(f"'prefix' must be 1-64 of [A-Za-z0-9.=+_-], starting with a letter or digit: {prefix!r}")
+    check_prefix(prefix)
     if target < BODY_SINCE:
         return None, [*notes, f"SGLang {_show(target)} reads no /start_profile body: its launch environment decides"]
     wanted: dict[str, Any] = {
@@ -348,8 +354,7 @@ class SglangHttpDriver:
         if self._base is None:
             return None
         body = dict(self._base)
-        if prefix is not None and not (isinstance(prefix, str) and _PREFIX.match(prefix)):
-            raise ValueError(f"'prefix' must be 1-64 of [A-Za-z0-9.=+_-], starting with a letter or digit: {prefix!r}")
+        check_prefix(prefix)
         if prefix and "profile_prefix" in _fields(target):
             body["profile_prefix"] = prefix
         return body
