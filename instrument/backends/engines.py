@@ -9,16 +9,17 @@ frontend trace, how to read the rank). vLLM's drivers are in :mod:`instrument.ba
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
 import stat
 import threading
 import time
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from instrument import naming, ranks
 from instrument._finish import move_into, wait_until_stable
@@ -34,6 +35,7 @@ __all__ = [
     "EngineProfilerError",
     "EngineStillFlushingError",
     "EngineTraces",
+    "LaunchArgs",
     "RelocationResult",
     "engine_to_drive",
     "prefixed_step",
@@ -51,6 +53,25 @@ class EngineProfilerError(RuntimeError):
 
 class EngineStillFlushingError(EngineProfilerError, TimeoutError):
     """A stop ran past its deadline while the server still answers: it is still writing its traces."""
+
+
+@dataclass(frozen=True)
+class LaunchArgs:
+    """What to add to an engine's launch: command-line arguments and environment variables.
+
+    The environment is returned, never written into ``os.environ``.
+    """
+
+    args: tuple[str, ...]
+    env: Mapping[str, str]
+    dropped: tuple[str, ...] = ()
+
+    @property
+    def profiler_config(self) -> dict[str, Any] | None:
+        """The ``--profiler-config`` JSON as a dict, if the arguments carry one."""
+        if "--profiler-config" not in self.args:
+            return None
+        return json.loads(self.args[self.args.index("--profiler-config") + 1])  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

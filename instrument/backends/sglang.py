@@ -43,8 +43,7 @@ from typing import Any
 from instrument._http import check_http_url, check_timeout
 from instrument._http import request as http_request
 from instrument.backends._engine_http import post_stop_profile, server_healthy
-from instrument.backends.engines import SGLANG_TRACES, EngineProfilerError
-from instrument.backends.vllm import LaunchArgs
+from instrument.backends.engines import SGLANG_TRACES, EngineProfilerError, LaunchArgs
 from instrument.config import ProfilerConfig
 from instrument.ranks import sglang_trace_local_rank
 

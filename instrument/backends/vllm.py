@@ -27,8 +27,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from collections.abc import Collection
 from typing import Any
 
 from instrument._http import check_http_url, check_timeout
@@ -38,6 +37,7 @@ from instrument.backends.engines import (
     VLLM_TRACES,
     EngineProfilerError,
     EngineStillFlushingError,
+    LaunchArgs,
     RelocationResult,
     RolloutProfiler,
     engine_to_drive,
@@ -145,25 +145,6 @@ def profiler_fields_for(vllm_version: str) -> frozenset[str]:
         if target >= since:
             known |= names
     return frozenset(known)
-
-
-@dataclass(frozen=True)
-class LaunchArgs:
-    """What to add to an engine's launch: command-line arguments and environment variables.
-
-    The environment is returned, never written into ``os.environ``.
-    """
-
-    args: tuple[str, ...]
-    env: Mapping[str, str]
-    dropped: tuple[str, ...] = ()
-
-    @property
-    def profiler_config(self) -> dict[str, Any] | None:
-        """The ``--profiler-config`` JSON as a dict, if the arguments carry one."""
-        if "--profiler-config" not in self.args:
-            return None
-        return json.loads(self.args[self.args.index("--profiler-config") + 1])  # type: ignore[no-any-return]
 
 
 def profiler_launch_args(
