@@ -162,6 +162,11 @@ def prefixed_step(filename: str) -> int | None:
     return int(match[1]) if match else None
 
 
+MTIME_SLACK_NS = 2_000_000_000
+"""File times come from a coarse clock (a kernel tick) or another machine's (NFS): a file written just
+after ``since_ns`` may carry a time a little before it. Earlier sessions' files are older than this."""
+
+
 def _candidates(source: Path, step: int, since_ns: int | None, result: RelocationResult) -> list[Path]:
     """The regular files of ``source`` (never a link, never hidden) written for ``step``.
 
@@ -177,7 +182,8 @@ def _candidates(source: Path, step: int, since_ns: int | None, result: Relocatio
         if not stat.S_ISREG(st.st_mode) or path.name.startswith("."):
             continue
         labelled = prefixed_step(path.name)
-        if (labelled is not None and labelled != step) or (since_ns is not None and st.st_mtime_ns < since_ns):
+        stale = since_ns is not None and st.st_mtime_ns < since_ns - MTIME_SLACK_NS
+        if (labelled is not None and labelled != step) or stale:
             result.skipped.append(str(path))
             continue
         found.append(path)
@@ -211,7 +217,8 @@ def relocate_engine_traces(
     traces are labelled ``frontend``; TP peers are left in place. Moves never overwrite
     (cross-filesystem: temp copy, fsync, rename). Only this step's files move: a name prefixed
     ``step{N}_`` for another step is never relabelled, and ``since_ns`` (the start of this
-    profiling session, ``time.time_ns()``) skips files last modified before it; both are left in
+    profiling session, ``time.time_ns()``) skips files last modified before it (less
+    :data:`MTIME_SLACK_NS`: file clocks are coarse); both are left in
     place (``result.skipped``). Links and other non-regular files are never touched.
 
     Each moved file's record goes to ``publish`` (``manifest`` is short for ``publish=manifest.append``).
