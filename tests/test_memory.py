@@ -273,7 +273,7 @@ def test_a_name_taken_meanwhile_is_never_overwritten(
     with caplog.at_level(logging.WARNING, logger="instrument"):
         _run(tmp_path, tool="torch_memory")
     assert [p.name for p in _snapshots(tmp_path)] == ["x.pickle"] and taken.read_bytes() == b"mine"
-    assert any("no free snapshot name" in r.getMessage() for r in caplog.records)
+    assert any("no free name for a .pickle file" in r.getMessage() for r in caplog.records)
 
 
 def test_snapshots_are_on_disk_once_exports_are_waited_for(cuda: StandInCuda, tmp_path: Path) -> None:

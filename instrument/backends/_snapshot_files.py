@@ -16,17 +16,15 @@ import itertools
 import os
 import pickle
 import queue
-import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from instrument import naming
-from instrument._manifest import TraceRecord
 from instrument._memory_config import MEMORY_TOOL, MemorySnapshots
 from instrument.backends import Publish, Report, TraceSpec
-from instrument.naming import SCRATCH_PREFIX
+from instrument.backends._files import private_folder, publish_as, record_of
 
 __all__ = ["PENDING", "SNAPSHOT_SUFFIX", "SnapshotWriter", "cut_stacks"]
 
@@ -34,7 +32,6 @@ SNAPSHOT_SUFFIX = naming.SNAPSHOT_SUFFIX
 PENDING = 2
 WAIT_FOR_WRITER_S = 60.0  # a stage's end waits at most this for a free place, then drops the snapshot
 """Snapshots taken and not yet written, at most; the next one waits (and so does its stage)."""
-_EXCLUSIVE_ATTEMPTS = 5
 _TEMP_NAMES = itertools.count()
 
 
@@ -91,20 +88,6 @@ def _pickle_bounded(snapshot: dict[str, Any], path: Path, limit: int) -> bool:
     except _TooLargeError:
         path.unlink()
         return False
-
-
-def _link_exclusively(source: Path, final: Path) -> bool:
-    """Publish ``source`` as ``final`` unless that name exists (never overwrites); fsync the folder."""
-    try:
-        os.link(source, final)
-    except FileExistsError:
-        return False
-    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
 
 
 class SnapshotWriter:
@@ -189,50 +172,18 @@ class SnapshotWriter:
                         "raise it or lower memory.max_entries / memory.stack_depth to keep the history"
                     ),
                 )
-            final = self._link(temp, spec, stage, window, partial)
+            final = publish_as(spec, SNAPSHOT_SUFFIX, lambda _final: temp, stage=stage, window=window, partial=partial)
         finally:
             with contextlib.suppress(OSError):
                 temp.unlink()
-        self._publish(
-            TraceRecord(
-                path=final.name,
-                role=spec.role,
-                stage=stage,
-                step=spec.step,
-                rank=spec.rank,
-                world=spec.world_size,
-                window=window,
-                partial=partial,
-                bytes=final.stat().st_size,
-                tool=MEMORY_TOOL,
-                triggered=spec.triggered,
-            )
-        )
+        self._publish(record_of(spec, final, tool=MEMORY_TOOL, stage=stage, window=window, partial=partial))
         return True
-
-    def _link(self, temp: Path, spec: TraceSpec, stage: str, window: tuple[int, int] | None, partial: bool) -> Path:
-        for _ in range(_EXCLUSIVE_ATTEMPTS):
-            basename = naming.trace_basename(
-                role=spec.role,
-                stage=stage,
-                step=spec.step,
-                rank=spec.rank,
-                world_size=spec.world_size,
-                window=window,
-                partial=partial,
-                triggered=spec.triggered,
-            )
-            final = Path(spec.save_path).absolute() / (basename + SNAPSHOT_SUFFIX)
-            if not os.path.lexists(final) and _link_exclusively(temp, final):
-                return final
-        raise FileExistsError(f"no free snapshot name in {spec.save_path} after {_EXCLUSIVE_ATTEMPTS} attempts")
 
     def _scratch_dir(self, save_path: str) -> Path:
         """This process's private folder (mode 0700, unpredictable name): nobody can plant a link there."""
         scratch = self._scratch.get(save_path)
         if scratch is None or not scratch.is_dir():
-            Path(save_path).mkdir(parents=True, exist_ok=True)
-            scratch = self._scratch[save_path] = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
+            scratch = self._scratch[save_path] = private_folder(save_path)
         return scratch
 
     def close(self) -> None:

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import queue
-import tempfile
 import threading
 import warnings
 from collections.abc import Callable
@@ -28,9 +27,9 @@ import torch
 import torch.profiler
 
 from instrument import naming
-from instrument._manifest import TraceRecord
 from instrument.backends import Publish, Report, TraceSpec
-from instrument.naming import SCRATCH_PREFIX, TRACE_SUFFIX
+from instrument.backends._files import fsynced, link_exclusively, private_folder, publish_as, record_of
+from instrument.naming import TRACE_SUFFIX
 from instrument.schedule import Action, action_at, window_of
 
 __all__ = ["MEMORY_TIMELINE_SUFFIX", "TorchBackend", "wants_memory_timeline"]
@@ -44,7 +43,6 @@ except ImportError:  # pragma: no cover - older or newer torch without it
     _FastRange = None
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
-_EXCLUSIVE_ATTEMPTS = 5
 _TAIL_BYTES = 1 << 16  # kineto ends a trace with `"traceName": "<path>" }`: the tail holds it whole
 MEMORY_TIMELINE_SUFFIX = naming.MEMORY_TIMELINE_SUFFIX
 """Beside a trace whose contents hold memory, shapes and stack: torch's memory timeline plot."""
@@ -241,22 +239,9 @@ class TorchBackend:
                 warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA snapshots (CPU has none)
                 profile.export_memory_timeline(str(html), device=device)
             final = Path(spec.save_path).absolute() / html.name
-            if not _link_exclusively(_fsynced(html), final):
+            if not link_exclusively(fsynced(html), final):
                 raise FileExistsError(f"{final} exists; the memory timeline is not saved")
-            record = TraceRecord(
-                path=final.name,
-                role=spec.role,
-                stage=spec.stage,
-                step=spec.step,
-                rank=spec.rank,
-                world=spec.world_size,
-                window=window,
-                partial=partial,
-                bytes=final.stat().st_size,
-                tool=self.tool,
-                triggered=spec.triggered,
-            )
-            self._publish_record(record)
+            self._publish_record(record_of(spec, final, tool=self.tool, window=window, partial=partial))
         except Exception as exc:  # the trace itself is still saved
             self._report("could not save a memory timeline", exc)
         finally:
@@ -264,14 +249,10 @@ class TorchBackend:
                 html.unlink()
 
     def _scratch(self, save_path: str) -> Path:
-        """This process's private folder inside ``save_path`` for unfinished files.
-
-        Created with ``mkdtemp`` (mode 0700, unpredictable name): nobody can plant a symlink
-        where torch or we write, and a half-written file is never visible under a trace name.
-        """
+        """This process's private folder inside ``save_path`` for unfinished files (see :func:`private_folder`)."""
         scratch = self._scratch_dirs.get(save_path)
         if scratch is None:
-            scratch = self._scratch_dirs[save_path] = Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
+            scratch = self._scratch_dirs[save_path] = private_folder(save_path)
         return scratch
 
     @staticmethod
@@ -321,32 +302,13 @@ class TorchBackend:
             for leftover in (job.json_path, packed):
                 with contextlib.suppress(OSError):
                     leftover.unlink()
-        record = TraceRecord(
-            path=final.name,
-            role=job.spec.role,
-            stage=job.spec.stage,
-            step=job.spec.step,
-            rank=job.spec.rank,
-            world=job.spec.world_size,
-            window=job.window,
-            partial=job.partial,
-            bytes=final.stat().st_size,
-            tool=self.tool,
-            triggered=job.spec.triggered,
-        )
-        self._publish_record(record)
+        self._publish_record(record_of(job.spec, final, tool=self.tool, window=job.window, partial=job.partial))
 
     def _publish(self, job: _Export, pack: Callable[[Path], Path] | None) -> Path:
         """Link ``pack(final name)`` (or, with ``pack=None``, the plain JSON) under a free final name."""
         suffix = TRACE_SUFFIX if pack is not None else TRACE_SUFFIX.removesuffix(".gz")
-        for _ in range(_EXCLUSIVE_ATTEMPTS):
-            final = Path(job.spec.save_path).absolute() / (self._basename(job.spec, job.window, job.partial) + suffix)
-            if os.path.lexists(final):
-                continue  # a new timestamp next time round
-            source = pack(final) if pack is not None else _fsynced(job.json_path)
-            if _link_exclusively(source, final):
-                return final
-        raise FileExistsError(f"no free trace name in {job.spec.save_path} after {_EXCLUSIVE_ATTEMPTS} attempts")
+        source = pack if pack is not None else (lambda _final: fsynced(job.json_path))
+        return publish_as(job.spec, suffix, source, window=job.window, partial=job.partial)
 
     def flush(self) -> None:
         """Wait for pending exports (each was published as it finished)."""
@@ -380,12 +342,6 @@ def _complete_tail(json_path: Path) -> bytes:
     return tail
 
 
-def _fsynced(path: Path) -> Path:
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-    return path
-
-
 def _pack(json_path: Path, packed_path: Path, tail: bytes, *, trace_name: str) -> Path:
     """gzip (level 1) ``json_path`` into ``packed_path``, its ``traceName`` set to the final file; fsync'd."""
     cut = tail.rfind(b'"traceName"')
@@ -408,17 +364,3 @@ def _pack(json_path: Path, packed_path: Path, tail: bytes, *, trace_name: str) -
         raw.flush()
         os.fsync(raw.fileno())
     return packed_path
-
-
-def _link_exclusively(packed_path: Path, final: Path) -> bool:
-    """Publish ``packed_path`` as ``final`` unless that name exists (never overwrites); fsync the folder."""
-    try:
-        os.link(packed_path, final)
-    except FileExistsError:
-        return False
-    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
