@@ -17,7 +17,15 @@ from instrument._manifest import TraceRecord
 from instrument.backends import TraceSpec
 from instrument.naming import SCRATCH_PREFIX
 
-__all__ = ["EXCLUSIVE_ATTEMPTS", "fsynced", "link_exclusively", "private_folder", "publish_as", "record_of"]
+__all__ = [
+    "EXCLUSIVE_ATTEMPTS",
+    "basename_of",
+    "fsynced",
+    "link_exclusively",
+    "private_folder",
+    "publish_as",
+    "record_of",
+]
 
 EXCLUSIVE_ATTEMPTS = 5
 """Names tried (each with a new timestamp) before giving up on a free one."""
@@ -54,6 +62,22 @@ def link_exclusively(source: Path, final: Path) -> bool:
     return True
 
 
+def basename_of(
+    spec: TraceSpec, *, stage: str | None = None, window: tuple[int, int] | None = None, partial: bool = False
+) -> str:
+    """The file name (without suffix) of ``spec``'s file; a new timestamp at each call."""
+    return naming.trace_basename(
+        role=spec.role,
+        stage=spec.stage if stage is None else stage,
+        step=spec.step,
+        rank=spec.rank,
+        world_size=spec.world_size,
+        window=window,
+        partial=partial,
+        triggered=spec.triggered,
+    )
+
+
 def publish_as(
     spec: TraceSpec,
     suffix: str,
@@ -69,16 +93,7 @@ def publish_as(
     tried again with a new timestamp, :data:`EXCLUSIVE_ATTEMPTS` times.
     """
     for _ in range(EXCLUSIVE_ATTEMPTS):
-        basename = naming.trace_basename(
-            role=spec.role,
-            stage=spec.stage if stage is None else stage,
-            step=spec.step,
-            rank=spec.rank,
-            world_size=spec.world_size,
-            window=window,
-            partial=partial,
-            triggered=spec.triggered,
-        )
+        basename = basename_of(spec, stage=stage, window=window, partial=partial)
         final = Path(spec.save_path).absolute() / (basename + suffix)
         if not os.path.lexists(final) and link_exclusively(source(final), final):
             return final

@@ -28,7 +28,7 @@ import torch.profiler
 
 from instrument import naming
 from instrument.backends import Publish, Report, TraceSpec
-from instrument.backends._files import fsynced, link_exclusively, private_folder, publish_as, record_of
+from instrument.backends._files import basename_of, fsynced, link_exclusively, private_folder, publish_as, record_of
 from instrument.naming import TRACE_SUFFIX
 from instrument.schedule import Action, action_at, window_of
 
@@ -217,7 +217,7 @@ class TorchBackend:
             if last < first:
                 return  # the loop ended where a window begins: nothing was recorded
             window = (first, last)
-        basename = self._basename(spec, window, partial)
+        basename = basename_of(spec, window=window, partial=partial)
         json_path = self._scratch(spec.save_path) / f"{basename}.json"
         profile.export_chrome_trace(str(json_path))
         if not json_path.is_file():  # kineto logs a failed save instead of raising
@@ -254,19 +254,6 @@ class TorchBackend:
         if scratch is None:
             scratch = self._scratch_dirs[save_path] = private_folder(save_path)
         return scratch
-
-    @staticmethod
-    def _basename(spec: TraceSpec, window: tuple[int, int] | None, partial: bool) -> str:
-        return naming.trace_basename(
-            role=spec.role,
-            stage=spec.stage,
-            step=spec.step,
-            rank=spec.rank,
-            world_size=spec.world_size,
-            window=window,
-            partial=partial,
-            triggered=spec.triggered,
-        )
 
     def _submit(self, job: _Export) -> None:
         if self._worker is None or not self._worker.is_alive():
