@@ -19,8 +19,9 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from instrument import _rollout, _rollout_files
+from instrument import _rollout, _rollout_files, ranks
 from instrument._cli_config import load_config
+from instrument._http import check_http_url
 from instrument._rollout import SglangWorker, WorkerOutcome
 from instrument._rollout_files import StartMarker
 from instrument.backends import sglang, vllm
@@ -226,14 +227,12 @@ def _launch_args(args: argparse.Namespace) -> int:
 
 
 def _workers(args: argparse.Namespace) -> list[tuple[str, bool]]:
-    from instrument._http import check_http_url
-
     if args.router_url:
         return _rollout.list_router_workers(args.router_url, timeout_s=args.timeout)
     return [(check_http_url(url, "worker URL"), True) for url in args.worker_url]
 
 
-def _check_relocation(args: argparse.Namespace, workers: int) -> tuple[Any, int] | None:
+def _check_relocation(args: argparse.Namespace, workers: int) -> tuple[ProfilerConfig, int] | None:
     """The configuration and world size for the stop's relocation, checked before anything is stopped."""
     if args.save_path is None:
         for name in ("profiler_dir", "config"):
@@ -250,8 +249,6 @@ def _check_relocation(args: argparse.Namespace, workers: int) -> tuple[Any, int]
     world = args.world_size if args.world_size is not None else workers * args.gpus_per_replica
     if world < 1 or world % args.gpus_per_replica:
         raise ValueError(f"--world-size must be a positive multiple of --gpus-per-replica: {world}")
-    from instrument import ranks
-
     config = load_config(args.config, args.overrides)
     if not config.all_ranks:
         ranks.validate_ranks(config.ranks, world)
@@ -305,7 +302,7 @@ def _status_detail(outcomes: list[WorkerOutcome], store: _rollout_files.MarkerSt
 
 def _relocate(
     args: argparse.Namespace,
-    plan: tuple[Any, int],
+    plan: tuple[ProfilerConfig, int],
     outcomes: list[WorkerOutcome],
     markers: dict[str, StartMarker],
     stop_began_ns: int,
