@@ -151,8 +151,13 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is not None:  # before the exception goes on; one read of the hook (another thread may end it)
-            _left_with(exc, self.name, self.role)
+        try:
+            self._leave()
+        finally:  # the stage has closed, as in a decorated call; then the error goes on, unchanged
+            if exc is not None:
+                _left_with(exc, self.name, self.role)
+
+    def _leave(self) -> None:
         entries = _WITH_ENTRIES.get()
         for i in range(len(entries) - 1, -1, -1):
             if entries[i][0] is self:
