@@ -7,18 +7,23 @@ overwriting, never through a planted symlink. Standard library only.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import queue
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from instrument import naming
 from instrument._manifest import TraceRecord
-from instrument.backends import TraceSpec
+from instrument.backends import Report, TraceSpec
 from instrument.naming import SCRATCH_PREFIX
 
 __all__ = [
     "EXCLUSIVE_ATTEMPTS",
+    "Finisher",
     "basename_of",
     "fsynced",
     "link_exclusively",
@@ -123,3 +128,64 @@ def record_of(
         tool=tool,
         triggered=spec.triggered,
     )
+
+
+class Finisher:
+    """This process's private folders in each ``save_path``, and a daemon thread that finishes files there.
+
+    ``finish(job)`` runs on the thread for each submitted job; a failure goes to ``report(what, exc)``
+    and the thread goes on. ``pending`` bounds the jobs waiting (0: no bound).
+    """
+
+    def __init__(self, finish: Callable[[Any], object], report: Report, *, what: str, name: str, pending: int = 0):
+        self._finish, self._report, self._what, self._name = finish, report, what, name
+        self._jobs: queue.Queue[Any] = queue.Queue(maxsize=pending)
+        self._worker: threading.Thread | None = None
+        self._folders: dict[str, Path] = {}
+
+    def folder(self, save_path: str) -> Path:
+        """This process's private folder in ``save_path`` (see :func:`private_folder`), made once.
+
+        Never made again: a ``save_path`` removed under the run makes its files fail (reported), it
+        is not silently recreated.
+        """
+        folder = self._folders.get(save_path)
+        if folder is None:
+            folder = self._folders[save_path] = private_folder(save_path)
+        return folder
+
+    def submit(self, job: Any, *, timeout_s: float | None = None) -> None:
+        """Hand ``job`` to the thread; with a bound, wait at most ``timeout_s`` for a place (``queue.Full``)."""
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = threading.Thread(target=self._work, name=self._name, daemon=True)
+            self._worker.start()
+        self._jobs.put(job, timeout=timeout_s)
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            try:
+                if job is None:
+                    return
+                self._finish(job)
+            except BaseException as exc:  # the thread must outlive any single failure
+                self._report(self._what, exc)
+            finally:
+                self._jobs.task_done()
+
+    def flush(self) -> None:
+        """Wait until every job submitted so far is finished."""
+        if self._worker is not None and self._worker.is_alive():
+            self._jobs.join()
+
+    def close(self) -> None:
+        """Finish what is pending, end the thread and remove the (empty) private folders."""
+        self.flush()
+        if self._worker is not None and self._worker.is_alive():
+            self._jobs.put(None)
+            self._worker.join(timeout=5)
+        self._worker = None
+        for folder in self._folders.values():
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # empty unless a failure left something worth a look
+        self._folders.clear()

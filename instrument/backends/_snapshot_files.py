@@ -16,7 +16,6 @@ import itertools
 import os
 import pickle
 import queue
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ from typing import Any
 from instrument import naming
 from instrument._memory_config import MEMORY_TOOL, MemorySnapshots
 from instrument.backends import Publish, Report, TraceSpec
-from instrument.backends._files import private_folder, publish_as, record_of
+from instrument.backends._files import Finisher, publish_as, record_of
 
 __all__ = ["PENDING", "SNAPSHOT_SUFFIX", "SnapshotWriter", "cut_stacks"]
 
@@ -97,9 +96,9 @@ class SnapshotWriter:
         self.options = options
         self._publish = publish
         self._report = report
-        self._scratch: dict[str, Path] = {}
-        self._jobs: queue.Queue[_Job | None] = queue.Queue(maxsize=PENDING)
-        self._worker: threading.Thread | None = None
+        self._writes = Finisher(
+            self._write, report, what="could not write a memory snapshot", name="instrument-snapshots", pending=PENDING
+        )
 
     def save(
         self,
@@ -119,38 +118,22 @@ class SnapshotWriter:
         if not background:
             self._write(job)
             return
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._work, name="instrument-snapshots", daemon=True)
-            self._worker.start()
         try:
-            self._jobs.put(job, timeout=WAIT_FOR_WRITER_S)  # bounded: a stuck disk must not stop training
+            self._writes.submit(job, timeout_s=WAIT_FOR_WRITER_S)  # bounded: a stuck disk must not stop training
         except queue.Full:
             self._report(
                 "dropped a memory snapshot",
                 TimeoutError(f"the writer is {PENDING} snapshots behind after {WAIT_FOR_WRITER_S:g} s (a slow disk?)"),
             )
 
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                self._write(job)
-            except BaseException as exc:  # the writer must outlive any single failure
-                self._report("could not write a memory snapshot", exc)
-            finally:
-                self._jobs.task_done()
-
     def flush(self) -> None:
         """Wait until every snapshot taken so far is written and published."""
-        if self._worker is not None and self._worker.is_alive():
-            self._jobs.join()
+        self._writes.flush()
 
     def _write(self, job: _Job) -> bool:
         spec, stage, window, partial = job.spec, job.stage, job.window, job.partial
         snapshot = cut_stacks(job.snapshot, self.options.stack_depth)
-        temp = self._scratch_dir(spec.save_path) / f"snapshot-{next(_TEMP_NAMES)}.tmp"  # a private folder
+        temp = self._writes.folder(spec.save_path) / f"snapshot-{next(_TEMP_NAMES)}.tmp"  # a private folder
         try:
             if not _pickle_bounded(snapshot, temp, self.options.max_bytes):
                 traces = snapshot.get("device_traces", [])
@@ -179,21 +162,6 @@ class SnapshotWriter:
         self._publish(record_of(spec, final, tool=MEMORY_TOOL, stage=stage, window=window, partial=partial))
         return True
 
-    def _scratch_dir(self, save_path: str) -> Path:
-        """This process's private folder (mode 0700, unpredictable name): nobody can plant a link there."""
-        scratch = self._scratch.get(save_path)
-        if scratch is None or not scratch.is_dir():
-            scratch = self._scratch[save_path] = private_folder(save_path)
-        return scratch
-
     def close(self) -> None:
         """Write what is pending, end the writer thread and remove the (empty) scratch folder."""
-        self.flush()
-        if self._worker is not None and self._worker.is_alive():
-            self._jobs.put(None)
-            self._worker.join(timeout=5)
-        self._worker = None
-        for scratch in self._scratch.values():
-            with contextlib.suppress(OSError):
-                scratch.rmdir()  # empty unless a failure left something worth a look
-        self._scratch.clear()
+        self._writes.close()

@@ -15,8 +15,6 @@ import gzip
 import json
 import logging
 import os
-import queue
-import threading
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,7 +26,7 @@ import torch.profiler
 
 from instrument import naming
 from instrument.backends import Publish, Report, TraceSpec
-from instrument.backends._files import basename_of, fsynced, link_exclusively, private_folder, publish_as, record_of
+from instrument.backends._files import Finisher, basename_of, fsynced, link_exclusively, publish_as, record_of
 from instrument.naming import TRACE_SUFFIX
 from instrument.schedule import Action, action_at, window_of
 
@@ -109,9 +107,9 @@ class TorchBackend:
         self._spec: TraceSpec | None = None
         self._stopping = False
         self._cuda_warned = False
-        self._jobs: queue.Queue[_Export | None] = queue.Queue()
-        self._worker: threading.Thread | None = None
-        self._scratch_dirs: dict[str, Path] = {}
+        self._exports = Finisher(
+            self._compress, report, what="could not compress and save a trace", name="instrument-export"
+        )
         self.windows_saved = 0
 
     # ------------------------------------------------------------------ tracing
@@ -218,20 +216,20 @@ class TorchBackend:
                 return  # the loop ended where a window begins: nothing was recorded
             window = (first, last)
         basename = basename_of(spec, window=window, partial=partial)
-        json_path = self._scratch(spec.save_path) / f"{basename}.json"
+        json_path = self._exports.folder(spec.save_path) / f"{basename}.json"
         profile.export_chrome_trace(str(json_path))
         if not json_path.is_file():  # kineto logs a failed save instead of raising
             raise OSError(f"torch.profiler wrote no trace to {json_path}")
         if wants_memory_timeline(spec.contents):
             self._export_memory_timeline(profile, spec, window, partial, basename)
         self.windows_saved += 1
-        self._submit(_Export(json_path, spec, window, partial))
+        self._exports.submit(_Export(json_path, spec, window, partial))
 
     def _export_memory_timeline(
         self, profile: torch.profiler.profile, spec: TraceSpec, window: tuple[int, int] | None, partial: bool, base: str
     ) -> None:
         """Save torch's memory timeline (an HTML page with the plot) next to the trace; a failure is reported."""
-        html = self._scratch(spec.save_path) / f"{base}{MEMORY_TIMELINE_SUFFIX}"
+        html = self._exports.folder(spec.save_path) / f"{base}{MEMORY_TIMELINE_SUFFIX}"
         try:
             on_cuda = "cuda" in spec.contents and torch.cuda.is_available()
             device = f"cuda:{torch.cuda.current_device()}" if on_cuda else "cpu"  # this rank's GPU, not GPU 0
@@ -247,31 +245,6 @@ class TorchBackend:
         finally:
             with contextlib.suppress(OSError):
                 html.unlink()
-
-    def _scratch(self, save_path: str) -> Path:
-        """This process's private folder inside ``save_path`` for unfinished files (see :func:`private_folder`)."""
-        scratch = self._scratch_dirs.get(save_path)
-        if scratch is None:
-            scratch = self._scratch_dirs[save_path] = private_folder(save_path)
-        return scratch
-
-    def _submit(self, job: _Export) -> None:
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = threading.Thread(target=self._work, name="instrument-export", daemon=True)
-            self._worker.start()
-        self._jobs.put(job)
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            try:
-                if job is None:
-                    return
-                self._compress(job)
-            except BaseException as exc:  # the export thread must outlive any single failure
-                self._report("could not compress and save a trace", exc)
-            finally:
-                self._jobs.task_done()
 
     def _compress(self, job: _Export) -> None:
         # Compress in the private folder, fsync, and publish with a hard link under a name no
@@ -299,23 +272,14 @@ class TorchBackend:
 
     def flush(self) -> None:
         """Wait for pending exports (each was published as it finished)."""
-        if self._worker is not None and self._worker.is_alive():
-            self._jobs.join()
+        self._exports.flush()
 
     def close(self) -> None:
         """Stop any open trace, finish exports and end the export thread."""
         try:
             self.stop()
         finally:
-            self.flush()
-            if self._worker is not None and self._worker.is_alive():
-                self._jobs.put(None)
-                self._worker.join(timeout=5)
-            self._worker = None
-            for scratch in self._scratch_dirs.values():
-                with contextlib.suppress(OSError):
-                    scratch.rmdir()  # empty unless a failure left something worth a look
-            self._scratch_dirs.clear()
+            self._exports.close()
 
 
 def _complete_tail(json_path: Path) -> bytes:
