@@ -51,6 +51,9 @@ sys.path.insert(0, str(ROOT))
 
 from instrument._manifest import read_manifests  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).parent))
+from scale_plan import LINEAR_SLOPE, slope  # noqa: E402  # the same fit for plans and analyses
+
 _spec = importlib.util.spec_from_file_location("bench_analyze", ROOT / "benchmarks" / "analyze.py")
 assert _spec is not None and _spec.loader is not None
 bench_analyze = importlib.util.module_from_spec(_spec)
@@ -67,19 +70,6 @@ LOG_PROB_CHUNKS = 16
 MINI_BATCHES = 4
 LAYERS = 6
 MEMORY_GOAL_MB = 300.0
-LINEAR_SLOPE = 1.15
-"""Most growth exponent (the slope of log time over log size, fitted to all sizes) called linear: one
-noisy size moves a fit less than a ratio."""
-
-
-def slope(sizes: tuple[int, ...], values: list[float]) -> float:
-    """The least-squares slope of log(value) over log(size): 1.0 is linear, 2.0 quadratic."""
-    import math
-
-    xs = [math.log(n) for n in sizes]
-    ys = [math.log(max(v, 1e-12)) for v in values]
-    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
 
 
 PYTHON = sys.executable
