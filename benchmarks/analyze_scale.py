@@ -16,7 +16,7 @@ Then, for each set, in fresh processes (best of ``--repeat``): ``instrument anal
 memory of the whole process tree (RSS summed, polled every 20 ms: ``benchmarks/analyze.py``'s
 ``measure``); growth against the 256-file set next to the growth of the file count. Goals: peak
 memory <= 300 MB at 4,096 files, time linear. Then reading the manifests alone
-(:func:`instrument._manifest.read_manifests`, CPU time in this process) and its growth.
+(:func:`instrument.manifest.read_manifests`, CPU time in this process) and its growth.
 
 ``--ray`` adds the crossover measurement: the same analysis with ``--ray`` starting its own local
 Ray (what one command costs with no cluster running) and with ``--ray ADDRESS`` against a Ray head
@@ -49,7 +49,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from instrument._manifest import read_manifests  # noqa: E402
+from instrument.manifest import read_manifests  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 from scale_plan import LINEAR_SLOPE, slope  # noqa: E402  # the same fit for plans and analyses

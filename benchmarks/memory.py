@@ -10,7 +10,7 @@ Prints:
      now has against one without (measured in turns), and ``@profiled_stage`` with ``on_oom`` on vs off;
   4. what a GPU adds (from torch's documentation): per-allocation stack capture while history records.
 
-There is no GPU here: ``instrument.backends.memory.CUDA`` is replaced by a stand-in that records
+There is no GPU here: ``instrument.recorders.memory.CUDA`` is replaced by a stand-in that records
 nothing and returns a synthetic snapshot (as in tests/test_memory.py). Run:
 ``.venv/bin/python benchmarks/memory.py``. Numbers are best-of-N; nothing here is asserted in tests.
 """
@@ -29,9 +29,9 @@ from typing import Any
 
 import instrument as ins
 import instrument.testing
-from instrument._state import STATE
-from instrument.backends import TraceSpec, memory
-from instrument.backends._snapshot_files import SnapshotWriter
+from instrument.recorders import TraceSpec, memory
+from instrument.recorders._snapshot_files import SnapshotWriter
+from instrument.run._state import STATE
 
 
 class _NoGpu:

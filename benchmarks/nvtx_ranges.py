@@ -24,7 +24,7 @@ from typing import Any
 import nvtx
 
 import instrument as ins
-import instrument.backends.nvtx as nvtx_backend
+import instrument.recorders.nvtx as nvtx_backend
 import instrument.testing
 
 ROUNDS, NUMBER = 15, 20_000

@@ -32,7 +32,7 @@ import wrapt
 
 import instrument as ins
 import instrument.testing
-from instrument._session import STATE
+from instrument.run._session import STATE
 
 N = 200_000
 

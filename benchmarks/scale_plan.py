@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from instrument import naming  # noqa: E402
-from instrument._runplan import StageSpec, plan_run  # noqa: E402
 from instrument.config import ProfilerConfig, Schedule  # noqa: E402
+from instrument.plan import StageSpec, plan_run  # noqa: E402
 
 WORLDS = (512, 1024, 2048, 4096)
 TP = 8

@@ -6,7 +6,9 @@ so ``import instrument`` imports neither torch, nvtx, vllm nor ray.
 
 from __future__ import annotations
 
-from instrument._api import (
+from instrument._version import __version__
+from instrument.config import CONTENTS, TOOLS, FinishHook, MemorySnapshots, ProfilerConfig, Schedule, SlowStep
+from instrument.run._api import (
     begin_step,
     configure,
     current_run,
@@ -16,9 +18,7 @@ from instrument._api import (
     profile_window,
     profiled_stage,
 )
-from instrument._run import RunInfo
-from instrument._version import __version__
-from instrument.config import CONTENTS, TOOLS, FinishHook, MemorySnapshots, ProfilerConfig, Schedule, SlowStep
+from instrument.run._info import RunInfo
 
 __all__ = [
     "CONTENTS",

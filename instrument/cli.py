@@ -1,4 +1,4 @@
-"""The ``instrument`` command line: ``plan``, ``rollout`` (:mod:`instrument._rollout_cli`) and ``analyze``.
+"""The ``instrument`` command line: ``plan``, ``rollout`` (:mod:`instrument.rollout._cli`) and ``analyze``.
 
 The demos live in ``examples/``.
 """
@@ -11,9 +11,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from instrument._cli_config import load_config
-from instrument._runplan import RunPlan, StageSpec, count, int_runs, plan_run
 from instrument._version import __version__
+from instrument.config._cli import load_config
+from instrument.plan import RunPlan, StageSpec, count, int_runs, plan_run
 from instrument.schedule import Window
 
 __all__ = ["load_config", "main"]
@@ -59,7 +59,7 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--strict", action="store_true", help="exit 1 when the plan has warnings")
-    from instrument import _rollout_cli
+    from instrument.rollout import _cli as _rollout_cli
 
     rollout = commands.add_parser(
         "rollout",
@@ -212,7 +212,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "plan":
             return _run_plan(args)
         if args.command == "rollout":
-            from instrument import _rollout_cli
+            from instrument.rollout import _cli as _rollout_cli
 
             return _rollout_cli.main_from_args(args)
         if args.command == "analyze":

@@ -25,10 +25,10 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from instrument import _session
-from instrument._process import uninstall_process_hooks
-from instrument._state import STATE
-from instrument.backends import Publish, Report, TraceSpec
+from instrument.recorders import Publish, Report, TraceSpec
+from instrument.run import _session
+from instrument.run._process import uninstall_process_hooks
+from instrument.run._state import STATE
 
 __all__ = ["RecordingRecorder", "capture", "reset", "wait_for_exports"]
 

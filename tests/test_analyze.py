@@ -26,9 +26,9 @@ import torch
 import instrument as ins
 import instrument.testing
 from instrument import cli, naming
-from instrument._manifest import Manifest, TraceRecord, read_manifests
 from instrument.analyze import Report, analyze
 from instrument.analyze import _reader as reader
+from instrument.manifest import Manifest, TraceRecord, read_manifests
 
 WORLD = 3
 STEPS = 2

@@ -39,7 +39,7 @@ def _segment(path: Path) -> Segment:
 
 
 def _relocated(directory: Path, source: Path, rank: int, world: int, replica: int) -> Path:
-    """``source`` under the name the SDK gives a relocated engine trace (``instrument.backends.engines``)."""
+    """``source`` under the name the SDK gives a relocated engine trace (``instrument.rollout._profiler``)."""
     target = directory / f"rollout_engine_step1_rank{rank}-of-{world}_replica{replica}_{source.name}"
     shutil.copyfile(source, target)
     return target

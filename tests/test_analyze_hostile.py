@@ -27,11 +27,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from instrument import cli
-from instrument._manifest import MAX_LINE_BYTES, read_manifests
 from instrument.analyze import Report, analyze
 from instrument.analyze import _reader as reader
 from instrument.analyze import _safe_io as safe_io
 from instrument.analyze._steps import Ranges
+from instrument.manifest import MAX_LINE_BYTES, read_manifests
 from tests.test_analyze import _run_ranks
 
 WORLD = 2

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument._process import detect_rank_and_world
-from instrument._state import STATE
+from instrument.run._process import detect_rank_and_world
+from instrument.run._state import STATE
 from tests.conftest import event_names, load_trace
 
 
@@ -216,7 +216,7 @@ def test_forward_only_stage_never_advances_the_schedule(tmp_path: Path) -> None:
 
 
 def test_rank_detection_from_torchrun_environment() -> None:
-    code = "from instrument._process import detect_rank_and_world as d; print(d())"
+    code = "from instrument.run._process import detect_rank_and_world as d; print(d())"
     env = {**os.environ, "RANK": "3", "WORLD_SIZE": "8"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "(3, 8, 'RANK/WORLD_SIZE')"

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 import instrument as ins
-from instrument._manifest import MANIFEST_GLOB, Manifest, TraceRecord, read_manifests
-from instrument.backends.engines import (
+from instrument.manifest import MANIFEST_GLOB, Manifest, TraceRecord, read_manifests
+from instrument.rollout._profiler import (
     SGLANG_TRACES,
     EngineDriver,
     RelocationResult,
@@ -30,7 +30,7 @@ from instrument.backends.engines import (
     relocate_engine_traces,
     replica_profiler_dir,
 )
-from instrument.backends.vllm import HttpEngineDriver, InProcessEngineDriver, RolloutProfiler
+from instrument.rollout.vllm import HttpEngineDriver, InProcessEngineDriver, RolloutProfiler
 
 
 class _Engine:

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument._manifest import Manifest, read_manifests
-from instrument._runplan import StageSpec
-from instrument.backends.nsys import (
+from instrument.manifest import Manifest, read_manifests
+from instrument.plan import StageSpec
+from instrument.recorders.nsys import (
     capture_ranges_for,
     nsys_command,
     nsys_options,

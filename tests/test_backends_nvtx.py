@@ -31,7 +31,7 @@ import sys
 import nvtx
 
 import instrument as ins
-import instrument.backends.nvtx as nvtx_backend
+import instrument.recorders.nvtx as nvtx_backend
 
 
 def note(text):
@@ -527,7 +527,7 @@ def test_without_a_tool_the_backend_is_silent_and_still_brackets_capture_ranges(
     do-nothing domain: the backend must run without a single absorbed failure.
     """
     pytest.importorskip("nvtx")
-    import instrument.backends.nvtx as nvtx_backend
+    import instrument.recorders.nvtx as nvtx_backend
 
     recorder = _Recorder()
     monkeypatch.setattr(nvtx_backend, "CUDA_PROFILER", recorder)
@@ -549,7 +549,7 @@ def test_without_a_tool_the_backend_is_silent_and_still_brackets_capture_ranges(
 
 def test_the_torch_tool_does_not_import_nvtx(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    for name in [m for m in sys.modules if m == "nvtx" or m.startswith(("nvtx.", "instrument.backends.nvtx"))]:
+    for name in [m for m in sys.modules if m == "nvtx" or m.startswith(("nvtx.", "instrument.recorders.nvtx"))]:
         monkeypatch.delitem(sys.modules, name)
     ins.configure(
         ins.ProfilerConfig(tool="torch", save_path=str(tmp_path), steps=(1,), contents=("cpu",)),
@@ -566,4 +566,4 @@ def test_the_torch_tool_does_not_import_nvtx(tmp_path: Path, monkeypatch: pytest
         stage()
     assert len(ins.finish()) == 1
     assert "nvtx" not in sys.modules
-    assert "instrument.backends.nvtx" not in sys.modules
+    assert "instrument.recorders.nvtx" not in sys.modules

@@ -33,9 +33,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import instrument as ins
-from instrument._http import HttpError
-from instrument._manifest import read_manifests
-from instrument.backends.engines import (
+from instrument.manifest import read_manifests
+from instrument.rollout._http import HttpError
+from instrument.rollout._profiler import (
     EngineDriver,
     EngineProfilerError,
     EngineStillFlushingError,
@@ -43,7 +43,7 @@ from instrument.backends.engines import (
     relocate_engine_traces,
     replica_profiler_dir,
 )
-from instrument.backends.sglang import (
+from instrument.rollout.sglang import (
     SGLANG_TRACES,
     SglangHttpDriver,
     profiler_launch_args,

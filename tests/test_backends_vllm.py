@@ -19,9 +19,9 @@ from typing import ClassVar
 import pytest
 
 import instrument as ins
-from instrument._http import HttpTimeoutError
-from instrument._manifest import Manifest, read_manifests
-from instrument.backends.vllm import (
+from instrument.manifest import Manifest, read_manifests
+from instrument.rollout._http import HttpTimeoutError
+from instrument.rollout.vllm import (
     EngineDriver,
     EngineProfilerError,
     EngineStillFlushingError,
@@ -319,7 +319,7 @@ def test_engine_driver_passes_the_prefix_where_taken_and_awaits_coroutines() -> 
 
 
 def test_router_listing_shapes_and_errors(stub: tuple[str, dict[str, tuple[int, dict[str, str], bytes]]]) -> None:
-    from instrument._rollout import list_router_workers
+    from instrument.rollout._fanout import list_router_workers
 
     url, routes = stub
     routes["/workers"] = (200, {}, json.dumps(["http://a:1", "http://b:2"]).encode())

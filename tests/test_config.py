@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument._memory_config import MEMORY_CONTEXTS, MEMORY_STACKS
 from instrument.config import CONTENTS, FinishHook, MemorySnapshots, ProfilerConfig, Schedule, SlowStep, parse_value
+from instrument.config._memory import MEMORY_CONTEXTS, MEMORY_STACKS
 
 # --------------------------------------------------------------------------- validation messages
 
@@ -447,7 +447,7 @@ def test_verl_ignored_keys_warn_once() -> None:
 
 
 def test_merge_rules_cover_every_field() -> None:
-    from instrument.config import _MERGE_RULES
+    from instrument.config._settings import _MERGE_RULES
 
     assert set(_MERGE_RULES) == {f.name for f in attrs.fields(ProfilerConfig)}
 

@@ -21,8 +21,9 @@ from pathlib import Path
 
 import pytest
 
-from instrument import _hookproc, _reaper
-from instrument._finish import HookResult, run_finish_hook
+from instrument.finish import _launch as _hookproc
+from instrument.finish import _reaper
+from instrument.finish._hook import HookResult, run_finish_hook
 
 PREFIX = "[finish rank0]"
 GUARD_S = 30.0  # only ever hit when something hangs
@@ -31,7 +32,7 @@ FAR_S = 600.0  # a deadline no test waits for
 # The trainer: runs one hook and says so; the test kills it (or lets it end) meanwhile.
 TRAINER = """
 import sys
-from instrument._finish import run_finish_hook
+from instrument.finish._hook import run_finish_hook
 result = run_finish_hook(sys.argv[1], env={}, timeout_s=float(sys.argv[2]), log_prefix="[trainer]")
 print("returned", result.returncode, flush=True)
 """
@@ -39,7 +40,7 @@ print("returned", result.returncode, flush=True)
 # Runs the hook on a thread and forks meanwhile (a dataloader, a user's os.fork()); the test kills the parent.
 FORKING_TRAINER = """
 import os, sys, threading, time
-from instrument._finish import run_finish_hook
+from instrument.finish._hook import run_finish_hook
 hook = threading.Thread(
     target=run_finish_hook, args=(sys.argv[1],), kwargs=dict(env={}, timeout_s=float(sys.argv[2]), log_prefix="[t]")
 )

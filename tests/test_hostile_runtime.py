@@ -23,7 +23,7 @@ import torch
 
 import instrument as ins
 import instrument.testing
-from instrument._manifest import manifest_name, read_manifests
+from instrument.manifest import manifest_name, read_manifests
 from instrument.naming import SCRATCH_PREFIX, parse_trace_name
 
 _CRASH_SIGNS = ("Segmentation fault", "INTERNAL ASSERT", "already enabled", "Traceback", "core dumped")
@@ -199,7 +199,7 @@ def test_sigterm_inside_our_own_profiler_call_is_deferred_then_flushes_and_dies(
     done = _run_script(
         f"""
         import os, signal, torch, instrument as ins
-        from instrument.backends import torch as backend
+        from instrument.recorders import torch as backend
         real_stop = backend.TorchBackend.stop
         def stop_with_a_signal(self):
             if self.tracing:

@@ -1,6 +1,6 @@
 """The memory recorder (tool ``torch_memory``): which stages and windows get a snapshot, and how it is saved.
 
-There is no GPU here, so most tests swap ``instrument.backends.memory.CUDA`` -- the only object
+There is no GPU here, so most tests swap ``instrument.recorders.memory.CUDA`` -- the only object
 through which the recorder reaches ``torch.cuda.memory`` -- for :class:`StandInCuda`, a documented
 stand-in that logs the history calls and hands out a synthetic snapshot shaped like torch's
 (segments, blocks, frames, device_traces). Everything else is real: the session, torch.profiler
@@ -25,9 +25,9 @@ torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
 import instrument.testing  # noqa: E402
-from instrument._state import STATE  # noqa: E402
-from instrument.backends import _snapshot_files, memory  # noqa: E402
 from instrument.naming import parse_trace_name, trace_basename  # noqa: E402
+from instrument.recorders import _snapshot_files, memory  # noqa: E402
+from instrument.run._state import STATE  # noqa: E402
 
 
 class StandInCuda:

@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
 from instrument import cli  # noqa: E402
-from instrument._state import STATE  # noqa: E402
 from instrument.analyze import _snapshots, analyze  # noqa: E402
-from instrument.backends import memory  # noqa: E402
 from instrument.naming import trace_basename  # noqa: E402
+from instrument.recorders import memory  # noqa: E402
+from instrument.run._state import STATE  # noqa: E402
 from tests.test_memory import StandInCuda  # noqa: E402
 
 

@@ -18,8 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
-from instrument.backends.torch import MEMORY_TIMELINE_SUFFIX, wants_memory_timeline  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
+from instrument.recorders.torch import MEMORY_TIMELINE_SUFFIX, wants_memory_timeline  # noqa: E402
 from tests.conftest import event_names  # noqa: E402
 
 

@@ -16,9 +16,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
-from instrument._state import STATE  # noqa: E402
 from instrument.analyze import analyze  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
+from instrument.run._state import STATE  # noqa: E402
 
 _NO_CUDA = (
     f"no CUDA device: torch.cuda.is_available() is False (torch {torch.__version__}, "

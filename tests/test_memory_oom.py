@@ -1,7 +1,7 @@
 """``memory.on_oom``: a snapshot when a CUDA out-of-memory error leaves a ``profiled_stage``, on any step.
 
 No GPU here: the error is torch's own ``torch.OutOfMemoryError`` raised by the test (a failure shape
-the CPU cannot produce), and ``instrument.backends.memory.CUDA`` is the documented stand-in of
+the CPU cannot produce), and ``instrument.recorders.memory.CUDA`` is the documented stand-in of
 tests/test_memory.py. tests/test_memory_gpu.py runs a real OOM on a GPU.
 """
 
@@ -20,9 +20,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
-from instrument._state import STATE  # noqa: E402
-from instrument.backends import memory  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
+from instrument.recorders import memory  # noqa: E402
+from instrument.run._state import STATE  # noqa: E402
 from tests.test_memory import StandInCuda  # noqa: E402
 
 

@@ -210,7 +210,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_the_wheel_holds_the_library_and_no_demo(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
-    assert "instrument/__init__.py" in names and "instrument/_config_file.py" in names
+    assert "instrument/__init__.py" in names and "instrument/config/_file.py" in names
     assert "instrument/py.typed" in names
     assert not [n for n in names if n.startswith("examples/") or "/examples/" in n]
     assert not [n for n in names if "demo" in Path(n).name.lower()]

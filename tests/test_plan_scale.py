@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from instrument import naming
-from instrument._runplan import StageSpec, count, int_runs, plan_run
 from instrument.cli import main
 from instrument.config import FinishHook, ProfilerConfig, Schedule
+from instrument.plan import StageSpec, count, int_runs, plan_run
 from instrument.schedule import Action, Window, action_at, plan, window_of, window_series
 
 # Guards against a regression that hangs or eats memory; the assertions are about output only.

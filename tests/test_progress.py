@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from instrument._progress import Display, wanted
+from instrument._terminal import Display, wanted
 
 pytest.importorskip("rich")
 
@@ -135,7 +135,7 @@ def test_no_color_keeps_the_progress_without_colour() -> None:
 
 HOOK_TRAINER = """
 import sys
-from instrument._finish import run_finish_hook
+from instrument.finish._hook import run_finish_hook
 result = run_finish_hook(
     sys.argv[1], env={"GO": sys.argv[2]}, timeout_s=90, log_prefix="[t]", output="stderr", rank=0,
     progress_after_s=float(sys.argv[3]),

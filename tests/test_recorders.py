@@ -16,9 +16,9 @@ import pytest
 
 import instrument as ins
 import instrument.testing
-from instrument import backends
-from instrument._manifest import TraceRecord, read_manifests
-from instrument.backends import Publish, Report, TraceSpec, recorder_class, register_recorder, registered_tools
+from instrument import recorders as backends
+from instrument.manifest import TraceRecord, read_manifests
+from instrument.recorders import Publish, Report, TraceSpec, recorder_class, register_recorder, registered_tools
 
 
 def _update(n: int) -> None:

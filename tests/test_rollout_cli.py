@@ -19,7 +19,7 @@ from typing import ClassVar
 import pytest
 
 from instrument import cli
-from instrument._rollout_files import MarkerStore
+from instrument.rollout._markers import MarkerStore
 
 GUARD_S = 60.0  # a held request is answered after this at the latest, so a broken test cannot hang
 

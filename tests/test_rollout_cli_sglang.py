@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 
 from instrument import cli
-from instrument._manifest import read_manifests
-from instrument._rollout import list_router_workers
-from instrument._rollout_files import MarkerStore
+from instrument.manifest import read_manifests
+from instrument.rollout._fanout import list_router_workers
+from instrument.rollout._markers import MarkerStore
 from tests.sglang_support.server import SGLangStandIn, serve_gateway, serve_sglang
 
 SGLANG = ("--engine", "sglang")

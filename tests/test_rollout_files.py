@@ -1,4 +1,4 @@
-"""Start markers and the stop's relocation of every replica (:mod:`instrument._rollout_files`), on real files."""
+"""Start markers and the stop's relocation of every replica (:mod:`instrument.rollout._markers`), on real files."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import instrument as ins
-from instrument._manifest import read_manifests
-from instrument._rollout_files import MarkerStore, StartMarker, default_state_dir, relocate_replicas, summary
-from instrument.backends.engines import prefixed_step, relocate_engine_traces
+from instrument.manifest import read_manifests
+from instrument.rollout._markers import MarkerStore, StartMarker, default_state_dir, relocate_replicas, summary
+from instrument.rollout._profiler import prefixed_step, relocate_engine_traces
 
 
 def test_markers_round_trip_and_are_replaced_whole(tmp_path: Path) -> None:

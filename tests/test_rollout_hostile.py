@@ -24,9 +24,9 @@ from typing import TypeVar
 import pytest
 
 import instrument as ins
-from instrument import _http
-from instrument._rollout import fan_out, list_router_workers
-from instrument.backends.vllm import HttpEngineDriver, RolloutProfiler
+from instrument.rollout import _http
+from instrument.rollout._fanout import fan_out, list_router_workers
+from instrument.rollout.vllm import HttpEngineDriver, RolloutProfiler
 
 T = TypeVar("T")
 Behaviour = Callable[[socket.socket, str, threading.Event], None]

@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from instrument import naming, ranks
-from instrument._manifest import Manifest, TraceRecord, read_manifests
-from instrument._runplan import RunPlan, StageSpec, count, plan_run
-from instrument.backends.engines import SGLANG_TRACES, VLLM_TRACES, engine_to_drive, relocate_engine_traces
 from instrument.config import ProfilerConfig, Schedule
+from instrument.manifest import Manifest, TraceRecord, read_manifests
+from instrument.plan import RunPlan, StageSpec, count, plan_run
+from instrument.rollout._profiler import SGLANG_TRACES, VLLM_TRACES, engine_to_drive, relocate_engine_traces
 
 WORLD = 4096
 TP = 8  # GPUs per rollout replica, and per node
@@ -346,7 +346,7 @@ CUTS: dict[int, int | None] = {7: 1, 100: 17, 2049: 120, 4095: None}  # bytes ke
 def test_4096_manifests_are_read_whole_once_each_and_a_half_written_last_line_is_named(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from instrument import _manifest
+    from instrument import manifest as _manifest
 
     written = _write_manifests(tmp_path, CUTS)
     opened: list[Path] = []

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import instrument as ins
-from instrument._manifest import read_manifests
+from instrument.manifest import read_manifests
 from instrument.naming import parse_trace_name
 from tests.conftest import event_names, load_trace
 

@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.backends.vllm import profiler_launch_args
 from instrument.config import FinishHook, MemorySnapshots, ProfilerConfig, Schedule
+from instrument.rollout.vllm import profiler_launch_args
 
 ACTOR = "actor_rollout_ref.actor.profiler"
 ROLLOUT = "actor_rollout_ref.rollout.profiler"

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument._manifest import read_manifests
-from instrument.backends.vllm import HttpEngineDriver, RolloutProfiler, replica_profiler_dir
+from instrument.manifest import read_manifests
+from instrument.rollout.vllm import HttpEngineDriver, RolloutProfiler, replica_profiler_dir
 from tests.vllm_support.fixtures import tiny_model, vllm_python  # noqa: F401
 from tests.vllm_support.router import VllmRouter
 from tests.vllm_support.server import VllmServer, free_port

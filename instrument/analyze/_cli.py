@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from instrument._progress import Display, human_bytes, wanted
+from instrument._terminal import Display, human_bytes, wanted
 from instrument.analyze._ray import RayUnavailableError
 from instrument.analyze._report import analyze
 

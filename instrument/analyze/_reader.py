@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from instrument import naming
-from instrument._manifest import read_manifests
 from instrument.analyze import _safe_io, _stream
 from instrument.analyze._gpu import GpuRow
 from instrument.analyze._names import (
@@ -48,6 +47,7 @@ from instrument.analyze._names import (
 from instrument.analyze._safe_io import GuardedReader, TraceError
 from instrument.analyze._scanner import Scanner
 from instrument.analyze._steps import Segment
+from instrument.manifest import read_manifests
 
 __all__ = [
     "SMALL_FILE_BYTES",

@@ -24,9 +24,9 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 import instrument
-from instrument._session import STATE, is_last_step
-from instrument.backends.nsys import nsys_runtime_env
 from instrument.config import ProfilerConfig
+from instrument.recorders.nsys import nsys_runtime_env
+from instrument.run._session import STATE, is_last_step
 
 __all__ = ["ProfileController", "ProfiledWorker", "WorkerFailure", "nsight_runtime_env"]
 
@@ -234,4 +234,4 @@ class ProfileController:
 
 
 nsight_runtime_env = nsys_runtime_env
-"""``{"nsight": {...}}`` for Ray actors (Ray's own word for it): :func:`instrument.backends.nsys.nsys_runtime_env`."""
+"""``{"nsight": {...}}`` for Ray actors (Ray's own word for it): :func:`instrument.recorders.nsys.nsys_runtime_env`."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import instrument as ins
-from instrument.backends.vllm import profiler_launch_args
+from instrument.rollout.vllm import profiler_launch_args
 from tests.vllm_support.server import VllmServer, build_tiny_model, free_port, http_request, vllm_python
 
 PROMPTS = ("Hello world", "Profiling traces here", "The quick brown fox")

@@ -1,0 +1,155 @@
+"""attrs validators and converters of the configuration classes: each message names the field,
+the allowed values and the value given."""
+
+from __future__ import annotations
+
+import collections
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+__all__ = [
+    "CONTENTS",
+    "HOOK_OUTPUTS",
+    "TOOLS",
+    "boolean",
+    "check_command",
+    "check_contents",
+    "check_path",
+    "check_timeout",
+    "int_at_least",
+    "int_tuple",
+    "is_int",
+    "known_tool",
+    "one_of",
+    "to_contents",
+    "to_path",
+    "to_sorted_tuple",
+]
+
+TOOLS = ("none", "nvtx", "nvtx+torch_memory", "torch", "torch+torch_memory", "torch_memory")
+"""Allowed values of ``ProfilerConfig.tool``."""
+
+CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
+"""Allowed values in ``ProfilerConfig.contents``, in canonical order."""
+
+HOOK_OUTPUTS = ("stderr", "log")
+"""Allowed values of ``FinishHook.output``: the hook's lines on stderr, or in the log only."""
+
+
+# --------------------------------------------------------------------------- validators
+
+
+def is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if not is_int(value):
+            raise TypeError(f"'{attribute.name}' must be an int >= {minimum}: {value!r}")
+        if value < minimum:
+            raise ValueError(f"'{attribute.name}' must be >= {minimum}: {value}")
+
+    return check
+
+
+def boolean(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"'{attribute.name}' must be true or false: {value!r}")
+
+
+def one_of(allowed: Sequence[str]) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    listing = ", ".join(repr(a) for a in allowed)
+
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value not in allowed:
+            raise ValueError(f"'{attribute.name}' must be one of {listing}: {value!r}")
+
+    return check
+
+
+def known_tool(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    from instrument.recorders import registered_tools  # the registry may have grown since import
+
+    allowed = sorted({*TOOLS, *registered_tools()})
+    if value not in allowed:
+        raise ValueError(f"'{attribute.name}' must be one of {', '.join(map(repr, allowed))}: {value!r}")
+
+
+def int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+        if value is None and allow_none:
+            return
+        if not isinstance(value, tuple) or not all(is_int(v) for v in value):
+            kind = "a list of ints or null" if allow_none else "a list of ints"
+            raise TypeError(f"'{attribute.name}' must be {kind}: {value!r}")
+        for v in value:
+            if v < minimum:
+                raise ValueError(f"'{attribute.name}' must hold values >= {minimum}: {v}")
+        repeated = sorted(v for v, n in collections.Counter(value).items() if n > 1)  # linear: 10^5 steps fine
+        if repeated:
+            raise ValueError(f"'{attribute.name}' must not repeat a value: {repeated} given more than once")
+
+    return check
+
+
+def to_sorted_tuple(value: Any) -> Any:
+    """Lists (and a single int) become a sorted tuple; anything else is left for the validator."""
+    if is_int(value):
+        return (value,)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = tuple(value)
+        return tuple(sorted(items)) if all(is_int(v) for v in items) else items
+    return value
+
+
+def to_contents(value: Any) -> Any:
+    if isinstance(value, str):
+        value = [value]
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = tuple(value)
+        known = [c for c in CONTENTS if c in items]
+        return tuple(known) if len(known) == len(set(items)) else items
+    return value
+
+
+def check_contents(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, tuple):
+        raise TypeError(f"'{attribute.name}' must be a list of strings: {value!r}")
+    allowed = ", ".join(repr(c) for c in CONTENTS)
+    for item in value:
+        if item not in CONTENTS:
+            raise ValueError(f"'{attribute.name}' items must be among {allowed}: {item!r}")
+
+
+def check_path(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"'{attribute.name}' must be a path: {value!r}")
+    if not value.strip():
+        raise ValueError(f"'{attribute.name}' must be a non-empty path: {value!r}")
+    if "\0" in value:  # the OS refuses it only at the first file written, after configure()
+        raise ValueError(f"'{attribute.name}' must be a path without NUL bytes: {value!r}")
+
+
+def to_path(value: Any) -> Any:
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
+def check_command(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if not isinstance(value, str):
+        raise TypeError(f"'{attribute.name}' must be a shell command string: {value!r}")
+    if not value.strip():
+        raise ValueError(f"'{attribute.name}' must be a non-empty shell command: {value!r}")
+    if "\0" in value:  # exec refuses it only when the hook runs, after the last step
+        raise ValueError(f"'{attribute.name}' must be a shell command without NUL bytes: {value!r}")
+
+
+def check_timeout(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"'{attribute.name}' must be a number of seconds > 0: {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"'{attribute.name}' must be a finite number of seconds > 0: {value!r}")

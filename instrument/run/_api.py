@@ -1,0 +1,370 @@
+"""Public entry points: ``configure``, ``profiled_stage``, ``profile_window``, ``profile_step``, ``finish``.
+
+The disabled path is the product's hot path: on an unprofiled step or rank a decorated call
+costs one plain closure and one attribute read (``benchmarks/overhead.py`` measures it).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import itertools
+import time
+from collections.abc import Callable
+from contextvars import ContextVar
+from threading import get_ident
+from time import perf_counter
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from instrument import naming
+from instrument.config import ProfilerConfig
+from instrument.run._info import RunInfo
+from instrument.run._session import Session, start_session
+from instrument.run._state import STATE
+
+__all__ = [
+    "begin_step",
+    "configure",
+    "current_run",
+    "end_step",
+    "finish",
+    "profile_step",
+    "profile_window",
+    "profiled_stage",
+]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+_WITH_ENTRIES: ContextVar[tuple[tuple[Any, Any], ...]] = ContextVar("instrument_with_stages", default=())
+"""``profiled_stage`` objects entered as ``with`` blocks in this context, innermost last."""
+
+
+def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, world_size: int | None = None) -> RunInfo:
+    """Start a run for this process; rank and world size are detected when not given.
+
+    Raises ``ValueError`` naming a selected rank outside the world. After this call nothing
+    the SDK does raises into training. Call again after :func:`finish` for a new run.
+    Returns a read-only :class:`RunInfo`.
+    """
+    return RunInfo(start_session(config, role=role, rank=rank, world_size=world_size))
+
+
+def _left_with(exc: BaseException, name: str, role: str | None) -> None:
+    """An exception leaves a stage: the out-of-memory snapshot decides (never raises: ``STATE.on_oom`` catches)."""
+    on_oom = STATE.on_oom
+    if on_oom is not None:
+        on_oom(exc, name, role)
+
+
+def current_run() -> RunInfo | None:
+    """The run of this process, or ``None`` before ``configure``."""
+    session = STATE.session
+    return None if session is None else RunInfo(session)
+
+
+def begin_step(step: int) -> bool:
+    """Open RL step ``step`` — what ``profile_step`` does on entry, for code that cannot use a ``with`` block.
+
+    Returns whether this process records the step. Pair it with :func:`end_step`.
+    """
+    _check_step(step)
+    session = STATE.session
+    if session is None:
+        return False
+    session.begin_step(step)
+    return bool(session.step_profiled)
+
+
+def end_step(*, last: bool = False, failed: bool = False) -> None:
+    """Close the open step — what ``profile_step`` does on exit.
+
+    ``last=True`` runs the finish hook after it; ``failed=True`` (the step is unwinding from an
+    error) runs it without waiting for the other ranks.
+    """
+    session = STATE.session
+    if session is not None:
+        session.end_step(last=last, failed=failed)
+
+
+def finish() -> list[str]:
+    """End the run: close open traces, wait for exports, run the finish hook; idempotent.
+
+    Returns the paths of the files written. Also runs at interpreter exit.
+    """
+    session = STATE.session
+    return [] if session is None else session.finish()
+
+
+def _check_step(step: int) -> None:
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise TypeError(f"'step' must be an int (1-based RL step): {step!r}")
+    if step < 0:
+        raise ValueError(f"'step' must be >= 0: {step}")
+
+
+class profiled_stage:  # noqa: N801 - reads as a function at call sites, like contextlib's helpers
+    """Mark a stage of work: ``@profiled_stage("update_actor", scheduled=True)`` or ``with profiled_stage("gen"):``.
+
+    ``scheduled=True`` marks an update stage whose ``profile_window`` calls advance the schedule.
+    ``role="critic"`` names the stage's traces after another role than the process's: a single
+    process that runs several verl roles (a fused trainer) keeps them apart. Works on functions,
+    methods, static and class methods and ``async def`` coroutines.
+    """
+
+    __slots__ = ("name", "role", "scheduled")
+
+    def __init__(self, name: str, *, scheduled: bool = False, role: str | None = None) -> None:
+        if callable(name):
+            raise TypeError(
+                'profiled_stage needs a stage name: write @profiled_stage("update_actor"), '
+                f"not @profiled_stage (got {getattr(name, '__qualname__', name)!r})"
+            )
+        if not isinstance(name, str) or not name.strip():
+            raise ValueError(f"'name' must be a non-empty stage name such as 'update_actor': {name!r}")
+        naming.check_label("name", name)  # fails now, not at the first profiled step
+        if not isinstance(scheduled, bool):
+            raise TypeError(f"'scheduled' must be true or false: {scheduled!r}")
+        if role is not None:
+            naming.check_label("role", role)
+        self.name = name
+        self.scheduled = scheduled
+        self.role = role
+
+    def __repr__(self) -> str:
+        role = "" if self.role is None else f", role={self.role!r}"
+        return f"profiled_stage({self.name!r}, scheduled={self.scheduled}{role})"
+
+    # -- as a context manager
+
+    def __enter__(self) -> profiled_stage:
+        session = STATE.session
+        if not STATE.engaged or session is None:
+            entry = None
+        else:
+            frame = session.enter_stage(self.name, self.scheduled, role=self.role) if STATE.recording else None
+            entry = (frame, time.perf_counter())
+        # One object may be entered by several threads or tasks at once: entries are context-local.
+        _WITH_ENTRIES.set((*_WITH_ENTRIES.get(), (self, entry)))
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self._leave()
+        finally:  # the stage has closed, as in a decorated call; then the error goes on, unchanged
+            if exc is not None:
+                _left_with(exc, self.name, self.role)
+
+    def _leave(self) -> None:
+        entries = _WITH_ENTRIES.get()
+        for i in range(len(entries) - 1, -1, -1):
+            if entries[i][0] is self:
+                entry = entries[i][1]
+                _WITH_ENTRIES.set(entries[:i] + entries[i + 1 :])
+                break
+        else:
+            return
+        session = STATE.session
+        if entry is None or session is None:
+            return
+        frame, started = entry
+        if session.metrics is not None:
+            session.observe_stage(self.name, time.perf_counter() - started)
+        if frame is not None:
+            session.exit_stage(frame)
+
+    # -- as a decorator
+
+    @overload
+    def __call__(self, func: staticmethod[Any, Any]) -> staticmethod[Any, Any]: ...
+    @overload
+    def __call__(self, func: classmethod[Any, Any, Any]) -> classmethod[Any, Any, Any]: ...
+    @overload
+    def __call__(self, func: _F) -> _F: ...
+
+    def __call__(self, func: Any) -> Any:
+        if isinstance(func, staticmethod):
+            return staticmethod(self(func.__func__))
+        if isinstance(func, classmethod):
+            return classmethod(self(func.__func__))
+        if not callable(func):
+            raise TypeError(f"profiled_stage({self.name!r}) decorates a callable, not {func!r}")
+        return _wrap(func, self.name, self.scheduled, self.role)
+
+
+def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None) -> Callable[..., Any]:
+    # Only plain values in the closure: Ray pickles worker classes by value.
+    state = STATE
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def stage_coroutine(*args: Any, **kwargs: Any) -> Any:
+            try:  # free until something raises (zero-cost exceptions, Python >= 3.11): the OOM snapshot's hook
+                session = state.session
+                if not state.engaged or session is None:
+                    return await func(*args, **kwargs)
+                frame = session.enter_stage(name, scheduled, concurrent=True, role=role) if state.recording else None
+                started = time.perf_counter()
+                try:
+                    return await func(*args, **kwargs)  # the range covers the awaited work
+                finally:
+                    if session.metrics is not None:
+                        _stage_done(session, name, frame, started)
+                    elif frame is not None:
+                        session.exit_stage(frame)
+            except RuntimeError as exc:  # torch.OutOfMemoryError is one
+                if state.on_oom is not None:
+                    _left_with(exc, name, role)
+                raise  # bare: the same object and traceback
+
+        return stage_coroutine
+
+    @functools.wraps(func)
+    def stage(*args: Any, **kwargs: Any) -> Any:
+        # Python >= 3.11 enters a try block for free (zero-cost exceptions; 3.10 pays one cheap block
+        # setup): the disabled path costs what it did; only an exception leaving the stage reaches the
+        # OOM snapshot's hook.
+        try:
+            if not state.engaged:
+                return func(*args, **kwargs)
+            fast = state.fast
+            if fast is not None and (not state.fast_thread or state.fast_thread == get_ident()):
+                entry = fast.get(name)
+                if entry is not None:  # a range and nothing else: decided once per step (see _state)
+                    if entry.__class__ is tuple:  # (push, attributes, pop): an NVTX domain range
+                        entry[0](entry[1])
+                        try:
+                            return func(*args, **kwargs)
+                        finally:
+                            entry[2]()
+                    with entry(name):  # a range class such as torch's _RecordFunctionFast
+                        return func(*args, **kwargs)
+            observers = state.observers
+            if observers is not None and not state.recording:
+                observe = observers.get(name)
+                if observe is not None:  # stage metrics on an unprofiled step: time and observe, nothing else
+                    started = perf_counter()
+                    try:
+                        return func(*args, **kwargs)
+                    finally:
+                        observe(perf_counter() - started)
+            return _engaged_call(func, name, scheduled, role, args, kwargs)
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one; the hook checks the class
+            if state.on_oom is not None:
+                _left_with(exc, name, role)
+            raise  # bare: the same object and traceback
+
+    return stage
+
+
+def _engaged_call(
+    func: Callable[..., Any], name: str, scheduled: bool, role: str | None, args: Any, kwargs: Any
+) -> Any:
+    """A decorated call on a profiled step, or with stage metrics on."""
+    session = STATE.session
+    if session is None:
+        return func(*args, **kwargs)
+    frame = session.enter_stage(name, scheduled, role=role) if STATE.recording else None
+    if session.metrics is None:  # the common profiled case: no clock reads
+        try:
+            return func(*args, **kwargs)
+        finally:
+            if frame is not None:
+                session.exit_stage(frame)
+    started = time.perf_counter()
+    try:
+        return func(*args, **kwargs)
+    finally:
+        _stage_done(session, name, frame, started)
+
+
+def _stage_done(session: Session, name: str, frame: Any, started: float) -> None:
+    session.observe_stage(name, time.perf_counter() - started)
+    if frame is not None:
+        session.exit_stage(frame)
+
+
+class _Window:
+    """The context manager ``profile_window`` returns on profiled steps or with stage metrics on."""
+
+    __slots__ = ("_close", "_frame", "_recording", "_session", "_started", "mini_batch")
+
+    def __init__(self, session: Session, mini_batch: int) -> None:
+        self._session = session
+        self.mini_batch = mini_batch
+        self._recording = STATE.recording
+        self._frame: Any = None
+        self._close: Any = None
+        self._started = 0.0
+
+    def __enter__(self) -> _Window:
+        if self._recording:
+            self._frame, self._close = self._session.enter_window(self.mini_batch)
+        self._started = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._session.metrics is not None:
+            self._session.observe_stage("mini_batch", time.perf_counter() - self._started)
+        if self._recording:
+            self._session.exit_window(self._frame, self._close)
+
+
+class _Idle:
+    """The shared, do-nothing context manager of unprofiled steps and ranks.
+
+    Its ``__enter__`` and ``__exit__`` are C callables, set below, not Python methods: this is the
+    hot path of every mini-batch, and two Python calls would double its cost. ``__enter__``
+    returns the object itself; ``__exit__`` is ``"".format``, which ignores its three arguments and
+    returns ``""`` (false: exceptions pass through unchanged).
+    """
+
+    __slots__ = ()
+
+    if TYPE_CHECKING:  # what type checkers (ours and users') see
+
+        def __enter__(self) -> _Idle: ...
+        def __exit__(self, *exc_info: object) -> None: ...
+
+
+_IDLE = _Idle()
+_Idle.__enter__ = itertools.repeat(_IDLE).__next__  # type: ignore[assignment,method-assign]
+_Idle.__exit__ = "".format  # type: ignore[assignment,method-assign]
+
+
+def profile_window(*, mini_batch: int) -> _Window | _Idle:
+    """Mark one optimizer update (``mini_batch`` counts from 0); in a scheduled stage it advances the schedule."""
+    if not STATE.engaged:
+        return _IDLE
+    session = STATE.session
+    if session is None:
+        return _IDLE
+    return _Window(session, mini_batch)
+
+
+class profile_step:  # noqa: N801 - a context manager read as a verb
+    """Open and close profiling for RL step ``step``: ``with profile_step(step, last=(step == n)):``.
+
+    Profiling happens only if the step and this rank are selected. ``last=True`` runs the finish
+    hook after this step, even if it is not profiled.
+    """
+
+    __slots__ = ("last", "step")
+
+    def __init__(self, step: int, *, last: bool = False) -> None:
+        _check_step(step)
+        self.step = step
+        self.last = bool(last)
+
+    def __enter__(self) -> profile_step:
+        session = STATE.session
+        if session is not None:
+            session.begin_step(self.step)
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        end_step(last=self.last, failed=exc_type is not None)

@@ -1,0 +1,406 @@
+"""Per-process profiling state: role, rank, the current step, open stages and the backend.
+
+The public entry points (:mod:`instrument.run._api`) check one flag, :data:`STATE.recording`,
+before doing anything; it is true only while a profiled step is open on a profiled rank, so
+unprofiled steps and ranks cost one attribute read.  Everything after ``configure`` catches
+its own failures: one warning per kind of failure, a counter, and training goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from instrument import naming
+from instrument import ranks as _ranks
+from instrument.config import ProfilerConfig
+from instrument.finish._coordinator import FinishCoordinator
+from instrument.manifest import Manifest, TraceRecord
+from instrument.recorders import Publish, Recorder, Recorders, Report, TraceSpec, recorder_class
+from instrument.run._process import (
+    detect_rank_and_world,
+    install_process_hooks,
+    install_usr1,
+    keep_cupti_for_torch,
+    terminate_now,
+)
+from instrument.run._stages import StageTracing, _Frame
+from instrument.run._state import STATE
+from instrument.run._triggers import Triggers
+
+__all__ = ["STATE", "Session", "detect_rank_and_world", "start_session"]
+
+logger = logging.getLogger("instrument")
+
+
+RECORDER_OVERRIDE: list[Callable[..., Any]] = []
+"""Recorder factories that replace the configured tool's (``instrument.testing.capture`` sets it)."""
+
+
+def is_last_step(config: ProfilerConfig, step: int, *, last: bool) -> bool:
+    """Whether the run's profiling ends after ``step``: ``last``, or the last configured step.
+
+    With triggers or on-demand profiling a step nobody planned may still come: then only
+    ``last`` (or ``finish()``) ends the run. The Ray controller uses the same rule.
+    """
+    may_trigger = config.trigger is not None or config.on_demand
+    return last or (not may_trigger and config.steps is not None and step >= config.steps[-1])
+
+
+def configured_recorder(publish: Publish, report: Report, *, tool: str) -> Recorder:
+    """The recorder the configuration names, from the registry."""
+    recorder: Recorder = recorder_class(tool)(publish, report)
+    return recorder
+
+
+class Session(StageTracing):
+    """One run of one process: what it profiles, what it wrote, and its finish hook."""
+
+    def __init__(self, config: ProfilerConfig, *, role: str, rank: int, world_size: int) -> None:
+        self.config = config
+        self.role = role
+        self.rank = rank
+        self.world_size = world_size
+        self.profiles_rank = config.profiles_rank(rank)
+        self.step: int | None = None
+        self.step_profiled = False
+        self.profiled_steps: list[int] = []
+        self.records: list[TraceRecord] = []
+        self.finished = False
+        self._backend: Recorder | None = None
+        # One trace at a time per process (torch.profiler crashes when two threads drive it).
+        # The stage that opens a trace owns it; stages of other threads or tasks entered while it
+        # is open are ranges in it ("guests"). The trace stops when its owner and every guest have
+        # left (or at the end of the step), so no range of ours ever spans a stop and a restart.
+        self._trace = 0  # generation of the current (or next) trace
+        self._owner: _Frame | None = None
+        self._owner_left = False
+        self._guests = 0
+        self._stale = 0  # ranges still open from traces stopped under them: no new trace until they close
+        self._holder = 0  # thread holding self._lock (the SIGTERM handler must not re-enter from it)
+        self.terminate_pending = False
+        self._backend_failed = False
+        self._manifest = Manifest(config.save_path)
+        self.failures = 0  # SDK failures this run absorbed (each kind warned about once)
+        self._warned: set[str] = set()
+        self._never_recorded: set[str] = set()
+        self._specs: dict[tuple[str, int | None, bool, bool, str | None], TraceSpec] = {}
+        self.step_triggered = False
+        self.triggers = Triggers(config, rank)
+        self._step_started = 0.0
+        self.metrics: Any = None
+        self.hook = FinishCoordinator(config, role=role, rank=rank, world_size=world_size, fail=self._fail)
+        if config.metrics:
+            try:
+                from instrument.metrics import StageMetrics
+
+                self.metrics = StageMetrics(role=role, rank=rank, rank_label=config.metrics_rank_label)
+            except Exception as exc:
+                self._fail("cannot record stage metrics (is prometheus_client installed?)", exc)
+        self._lock = threading.RLock()
+        self._finish_lock = threading.Lock()  # finish() once; never held while recording
+
+    # A reentrant lock that knows its holder: the SIGTERM handler runs on the main thread between
+    # two bytecodes, possibly inside one of our own backend calls; it must then defer, not re-enter.
+    def _acquire(self) -> int:
+        self._lock.acquire()
+        held, self._holder = self._holder, threading.get_ident()
+        return held
+
+    def _release(self, held: int) -> None:
+        self._holder = held
+        self._lock.release()
+        if self.terminate_pending and not held:
+            terminate_now(self)
+
+    def holds_lock_in_this_thread(self) -> bool:
+        """Whether this thread is inside one of the session's guarded sections."""
+        return self._holder == threading.get_ident()
+
+    def profiles(self, step: int) -> bool:
+        """Whether this process records RL step ``step``."""
+        return self.profiles_rank and self.config.profiles_step(step)
+
+    @property
+    def manifest_path(self) -> Path:
+        """This process's manifest file (written once a trace is saved)."""
+        return self._manifest.path
+
+    # ------------------------------------------------------------------ failures
+
+    def _fail(self, what: str, exc: BaseException) -> None:
+        self.failures += 1
+        if self.metrics is not None:
+            self.metrics.failures.inc()
+        if what in self._warned:
+            logger.debug("instrument: %s: %s", what, exc)
+            return
+        self._warned.add(what)
+        logger.warning(
+            "instrument: %s (role %s, rank %d): %s: %s; training continues",
+            what,
+            self.role,
+            self.rank,
+            type(exc).__name__,
+            exc,
+        )
+
+    # ------------------------------------------------------------------ backend
+
+    def _ensure_backend(self) -> Recorder | None:
+        if self._backend is not None or self._backend_failed:
+            return self._backend
+        try:
+            Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
+            factories = RECORDER_OVERRIDE or [configured_recorder]
+            recorders = [factory(self.publish, self._fail, tool=self.config.tool) for factory in factories]
+            self._backend = recorders[0] if len(recorders) == 1 else Recorders(recorders)
+        except Exception as exc:
+            self._backend_failed = True
+            self._fail(f"cannot profile into {self.config.save_path!r}", exc)
+        return self._backend
+
+    def publish(self, record: TraceRecord) -> None:
+        """A recorder saved a complete file (any thread): list it in the manifest and the run."""
+        self.records.append(record)
+        if self.metrics is not None:
+            self.metrics.bytes.inc(record.bytes)
+        self._manifest.append(record)
+
+    def _spec(self, stage: str, schedule: Any = None, role: str | None = None) -> TraceSpec:
+        key = (stage, self.step, schedule is not None, self.step_triggered, role)
+        spec = self._specs.get(key)
+        if spec is None:
+            if len(self._specs) > 1024:
+                self._specs.clear()
+            spec = self._specs[key] = self._new_spec(stage, schedule, role)
+        return spec
+
+    def _new_spec(self, stage: str, schedule: Any, role: str | None) -> TraceSpec:
+        return TraceSpec(
+            save_path=self.config.save_path,
+            role=self.role if role is None else role,
+            stage=stage,
+            step=self.step if self.step is not None else 0,
+            rank=self.rank,
+            world_size=self.world_size,
+            contents=self.config.contents,
+            schedule=schedule,
+            triggered=self.step_triggered,
+            memory=self.config.memory,
+        )
+
+    # ------------------------------------------------------------------ steps
+
+    def begin_step(self, step: int) -> None:
+        """Start RL step ``step``; profiling opens if the step and this rank are selected."""
+        if self.step is not None:
+            logger.warning("instrument: step %d began while step %s was open; closing it", step, self.step)
+            self.end_step()
+        held = self._acquire()
+        try:
+            self.step = step
+            self._step_started = time.perf_counter()
+            planned = self.profiles_rank and self.config.profiles_step(step)
+            self.step_triggered = not planned and not self.finished and self.triggers.wanted(step)
+            self.step_profiled = not self.finished and (planned or self.step_triggered)
+            if not self.step_profiled:
+                return
+            backend = self._ensure_backend()
+            if backend is None:
+                self.step_profiled = False
+                return
+            self.profiled_steps.append(step)
+            backend.on_step(self.role, step)
+            if not self.config.discrete and self._may_start(naming.CONTINUOUS_STAGE):
+                backend.start(self._spec(naming.CONTINUOUS_STAGE))
+                if self.metrics is None and hasattr(backend, "fast_range"):
+                    # Stages of this step need only a range: decorated calls open it themselves.
+                    STATE.fast_thread = 0 if getattr(backend, "ranges_per_thread", False) else threading.get_ident()
+                    STATE.fast = {}
+            elif self.config.discrete and self.metrics is None and hasattr(backend, "fast_stage"):
+                # Each stage opens its own capture range and range (NVTX): no session bookkeeping needed.
+                STATE.fast_thread, STATE.fast = 0, {}
+            STATE.recording = STATE.engaged = True
+        except Exception as exc:
+            self._fail(f"could not start profiling step {step}", exc)
+        finally:
+            self._release(held)
+
+    def end_step(self, *, last: bool = False, failed: bool = False) -> None:
+        """End the open step; after the last one (``last`` or the last configured step) run the finish hook.
+
+        ``failed``: the step is unwinding from an exception, so other ranks may never arrive;
+        the hook then runs without waiting for them.
+        """
+        held = self._acquire()
+        try:
+            step, self.step = self.step, None
+            STATE.recording, STATE.fast = False, None
+            STATE.engaged = self.metrics is not None
+            self._after_step(step, profiled=self.step_profiled)
+            self._stop_trace("could not save the trace of step", str(step))  # no trace outlives its step
+            self.step_profiled = False
+        finally:
+            self._release(held)
+        after_last = step is not None and is_last_step(self.config, step, last=last)
+        if after_last and self.hook.automatic and self.hook.pending:
+            self.wait_for_exports()
+            if not failed:
+                self.hook.meet_peers()
+            self.run_finish_hook()
+
+    # ------------------------------------------------------------------ on-demand profiling and metrics
+
+    @property
+    def triggered_steps(self) -> list[int]:
+        """Steps profiled on demand so far."""
+        return self.triggers.granted
+
+    def request_profile(self) -> None:
+        """Profile the next step (what SIGUSR1 does); async-signal-safe: it only sets a flag."""
+        self.triggers.signal_requested = True
+
+    def _after_step(self, step: int | None, *, profiled: bool) -> None:
+        """Step metrics and the slow-step trigger (profiled steps are slower by design: not compared)."""
+        if step is None:
+            return
+        seconds = time.perf_counter() - self._step_started
+        try:
+            if self.metrics is not None:
+                self.metrics.step.observe(seconds)
+                self.metrics.steps.inc()
+            if not profiled:
+                self.triggers.step_took(step, seconds)
+        except Exception as exc:
+            self._fail("could not record step metrics", exc)
+
+    def observe_stage(self, name: str, seconds: float) -> None:
+        """Record one stage (or ``mini_batch``) duration in the metrics."""
+        try:
+            self.metrics.stage_observer(name)(seconds)
+        except Exception as exc:
+            self._fail("could not record stage metrics", exc)
+
+    # ------------------------------------------------------------------ the end
+
+    def wait_for_exports(self) -> None:
+        """Block until every trace this process saved so far is on disk."""
+        if self._backend is not None:
+            try:
+                self._backend.flush()
+            except Exception as exc:
+                self._fail("could not finish exporting traces", exc)
+
+    def run_finish_hook(self) -> None:
+        """Run the finish command once, on the chosen ranks, after every trace is on disk."""
+        self.hook.run(
+            steps=self.profiled_steps,
+            manifest=str(self._manifest.path.absolute()),
+            wait_for_exports=self.wait_for_exports,
+        )
+
+    def flush(self) -> None:
+        """Close whatever is open and wait for exports (a SIGTERM path: no finish hook)."""
+        held = self._acquire()
+        try:
+            STATE.recording, STATE.fast = False, None
+            owner = self._owner
+            if owner is not None and owner.window_open:  # interrupted inside a mini-batch: the trace holds it
+                self.exit_window(owner, owner.close_window)
+            self._stop_trace("could not flush traces")
+            if self._backend is not None:
+                try:
+                    self._backend.close()
+                except Exception as exc:
+                    self._fail("could not flush traces", exc)
+        finally:
+            self._release(held)
+
+    def forget_after_fork(self) -> None:
+        """In a forked child: this run belongs to the parent. Never touch its profiler, exports,
+        manifest or finish hook from here (a stage the child is still inside ends as a no-op)."""
+        self._backend, self._backend_failed = None, True
+        self.finished = self.hook.ran = True
+        self.metrics = None
+        self._lock, self._finish_lock = threading.RLock(), threading.Lock()  # another thread may have held them
+        self._holder, self.terminate_pending = 0, False
+
+    def watch_out_of_memory(self) -> None:
+        """With ``memory.on_oom``: a CUDA out-of-memory error leaving a stage, on any step, saves a snapshot."""
+        memory = self.config.memory
+        if memory is None or not memory.on_oom or not self.config.enable:
+            return
+        try:
+            from instrument.recorders.memory import OomSnapshots  # imports torch: only when asked for
+
+            STATE.on_oom = OomSnapshots(memory, spec=self._out_of_memory_spec, publish=self.publish, report=self._fail)
+        except Exception as exc:
+            self._fail("cannot save memory snapshots at out-of-memory errors", exc)
+
+    def _out_of_memory_spec(self, stage: str, role: str | None) -> TraceSpec | None:
+        return None if self.finished else self._new_spec(stage, None, role)
+
+    def finish(self, *, run_hook: bool = True) -> list[str]:
+        """End the run: close everything, wait for exports, run the finish hook; idempotent."""
+        with self._finish_lock:
+            if not self.finished:
+                if self.step is not None:
+                    self.end_step()
+                self.flush()
+                if run_hook and self.hook.automatic:
+                    self.run_finish_hook()
+                self.finished = True
+                self._manifest.close()
+                if STATE.session is self:
+                    STATE.engaged, STATE.observers = False, None
+                    _stop_watching_out_of_memory()  # the run-long allocation history ends with the run
+            return [os.path.join(self.config.save_path, record.path) for record in self.records]
+
+
+# ---------------------------------------------------------------------- process-wide wiring
+
+
+def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_size: int | None) -> Session:
+    """Validate and install a new session for this process."""
+    if not isinstance(config, ProfilerConfig):
+        raise TypeError(f"'config' must be a ProfilerConfig: {config!r}")
+    if not isinstance(role, str) or not role.strip():
+        raise ValueError(f"'role' must be a non-empty string such as 'actor': {role!r}")
+    naming.check_label("role", role)
+    if rank is None or world_size is None:
+        detected_rank, detected_world, _source = detect_rank_and_world()
+        rank = detected_rank if rank is None else rank
+        world_size = detected_world if world_size is None else world_size
+    _ranks.validate_ranks([rank], world_size, field="rank")
+    if config.active and not config.all_ranks:
+        _ranks.validate_ranks(config.ranks, world_size)
+    if config.finish_hook is not None and not config.finish_hook.all_ranks:
+        _ranks.validate_ranks(config.finish_hook.ranks, world_size, field="finish_hook.ranks")
+    keep_cupti_for_torch(config)
+    previous = STATE.session
+    if previous is not None and not previous.finished:
+        logger.warning("instrument: configure() called while a run was open; finishing that run first")
+        previous.finish()
+    _stop_watching_out_of_memory()
+    session = Session(config, role=role, rank=rank, world_size=world_size)
+    session.watch_out_of_memory()
+    STATE.recording, STATE.fast = False, None
+    STATE.engaged = session.metrics is not None
+    STATE.observers = None if session.metrics is None else session.metrics.observers
+    STATE.session = session
+    if config.on_demand:
+        install_usr1()
+    install_process_hooks()
+    return session
+
+
+def _stop_watching_out_of_memory() -> None:
+    on_oom, STATE.on_oom = STATE.on_oom, None
+    if on_oom is not None:
+        on_oom.close()  # never raises

@@ -1,0 +1,233 @@
+"""Stages and the one trace a process records at a time: the part of the session the hot path drives.
+
+Each thread and asyncio task has its own stage stack (a context variable), so a
+``profile_window`` belongs to the stage of its own context. One trace is open per process
+(torch.profiler crashes when two threads drive it): the stage that opens it owns it, stages
+entered elsewhere while it is open are ranges in it ("guests"), and it stops when its owner
+and every guest have left, or at the end of the step. No range of ours ever spans a stop
+and a restart, because a new trace waits until the "stale" ranges of a stopped one close.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+from instrument.config import ProfilerConfig
+from instrument.recorders import Recorder, TraceSpec
+from instrument.run._state import STATE
+
+__all__ = ["StageTracing"]
+
+logger = logging.getLogger("instrument")
+
+
+class _Frame:
+    """One open stage (slots, no dataclass: built once per stage call on profiled steps)."""
+
+    __slots__ = (
+        "close_range",
+        "close_window",
+        "concurrent",
+        "mini_batches",
+        "name",
+        "scheduled",
+        "trace",
+        "traced",
+        "window_open",
+        "windowed",
+    )
+
+    def __init__(self, name: str, scheduled: bool, concurrent: bool = False) -> None:
+        self.name = name
+        self.scheduled = scheduled
+        self.concurrent = concurrent
+        self.traced = False  # this frame opened the trace (its owner)
+        self.trace = -1  # the trace (generation) this frame's range lies in; -1: none
+        self.windowed = False
+        self.close_range: Callable[[], None] | None = None
+        self.mini_batches = 0
+        self.window_open = False
+        self.close_window: Callable[[], None] | None = None
+
+
+_STAGES: ContextVar[tuple[_Frame, ...]] = ContextVar("instrument_stages", default=())
+"""The open stages of this thread or asyncio task, innermost last (each context its own)."""
+
+
+class StageTracing:
+    """Stage, window and trace-ownership methods of :class:`instrument.run._session.Session` (a mixin)."""
+
+    config: ProfilerConfig
+    step: int | None
+    step_profiled: bool
+    metrics: Any
+    _backend: Recorder | None
+    _lock: threading.RLock
+    _holder: int
+    _trace: int
+    _owner: _Frame | None
+    _owner_left: bool
+    _guests: int
+    _stale: int
+    _never_recorded: set[str]
+
+    _fail: Callable[[str, BaseException], None]
+    _spec: Callable[..., TraceSpec]
+    _acquire: Callable[[], int]
+    _release: Callable[[int], None]
+
+    def _may_start(self, stage: str) -> bool:
+        """Whether a new trace may open (caller holds the lock): not while ranges of a stopped one are open."""
+        if self._stale == 0:
+            return True
+        self._fail(
+            "a trace did not start",
+            RuntimeError(
+                f"stage {stage!r} at step {self.step} is not traced: {self._stale} stage(s) of an earlier trace "
+                "are still running in other threads or tasks (a trace opens only when they have ended)"
+            ),
+        )
+        return False
+
+    def _stop_trace(self, what: str, of: str = "") -> None:
+        """Stop the open trace (caller holds the lock); guests still inside it become stale.
+
+        ``what`` (and ``of``, joined only on failure: no string is built per call) names the failure.
+        """
+        backend, owner = self._backend, self._owner
+        self._trace += 1
+        self._stale += self._guests + (1 if owner is not None and not self._owner_left else 0)
+        self._owner, self._owner_left, self._guests = None, False, 0
+        if backend is None or not backend.tracing:
+            return
+        try:
+            backend.stop()
+            if self.metrics is not None:
+                self.metrics.windows.inc(backend.windows_saved)
+            if owner is not None and owner.windowed and backend.windows_saved == 0:
+                self._report_never_recorded(owner)
+        except Exception as exc:
+            self._fail(f"{what} {of}" if of else what, exc)
+
+    # ------------------------------------------------------------------ stages and windows
+
+    def enter_stage(self, name: str, scheduled: bool, *, concurrent: bool = False, role: str | None = None) -> _Frame:
+        """A stage begins inside a profiled step; ``concurrent`` for coroutines (ranges not per thread)."""
+        frame = _Frame(name, scheduled, concurrent)
+        _STAGES.set((*_STAGES.get(), frame))
+        backend = self._backend
+        if backend is None:
+            return frame
+        held = self._acquire()
+        try:
+            if backend.tracing:  # another stage's trace (or the step's): a range in it
+                self._guests += 1
+                frame.trace = self._trace
+            elif self.config.discrete and self.step_profiled and self._may_start(name):
+                windowed = scheduled and self.config.schedule is not None
+                backend.start(self._spec(name, self.config.schedule if windowed else None, role))
+                frame.traced, frame.windowed, frame.trace = True, windowed, self._trace
+                self._owner = frame
+        except Exception as exc:
+            self._fail(f"could not start stage {name!r}", exc)
+        finally:
+            self._release(held)
+        if frame.trace >= 0 and (not frame.windowed or backend.stage_range_in_windows):
+            try:
+                frame.close_range = backend.enter_range(name, concurrent=concurrent)
+                fast = STATE.fast
+                if fast is not None and name not in fast:  # the next calls of this stage open the range alone
+                    if not self.config.discrete:
+                        fast[name] = backend.fast_range(name)  # type: ignore[attr-defined]
+                    elif frame.traced and not frame.windowed:  # and their capture range (see begin_step)
+                        fast[name] = backend.fast_stage(name)  # type: ignore[attr-defined]
+            except Exception as exc:
+                self._fail(f"could not start stage {name!r}", exc)
+        return frame
+
+    def exit_stage(self, frame: _Frame) -> None:
+        """The stage of ``frame`` ends (also when it raised)."""
+        stack = _STAGES.get()
+        if stack and stack[-1] is frame:
+            _STAGES.set(stack[:-1])
+        elif frame in stack:
+            _STAGES.set(tuple(f for f in stack if f is not frame))
+        if frame.trace < 0:
+            return
+        try:
+            if frame.close_range is not None:
+                frame.close_range()
+        except Exception as exc:
+            self._fail(f"could not close the range of stage {frame.name!r}", exc)
+        held = self._acquire()
+        try:
+            if frame.trace != self._trace:
+                self._stale -= 1  # its trace was stopped under it (end of step, SIGTERM, finish)
+            else:
+                if frame is self._owner:
+                    self._owner_left = True
+                else:
+                    self._guests -= 1
+                if self._owner_left and self._guests == 0:
+                    owner = self._owner.name if self._owner is not None else frame.name
+                    self._stop_trace("could not save the trace of stage", repr(owner))
+        finally:
+            self._release(held)
+
+    def _report_never_recorded(self, frame: _Frame) -> None:
+        if frame.name in self._never_recorded:
+            return
+        self._never_recorded.add(frame.name)
+        logger.warning(
+            "instrument: stage %r ran %d mini-batches at step %s but its schedule %s recorded none; "
+            "nothing was written (see `instrument plan`)",
+            frame.name,
+            frame.mini_batches,
+            self.step,
+            self.config.schedule,
+        )
+
+    def enter_window(self, mini_batch: int) -> tuple[_Frame | None, Callable[[], None] | None]:
+        """A mini-batch begins in this context's innermost stage: record its range."""
+        stack = _STAGES.get()
+        frame = stack[-1] if stack else None
+        backend = self._backend
+        if backend is None:
+            return frame, None
+        if frame is None or frame.trace != self._trace:
+            # A stage that opened its own range (fast path) keeps no frame: its mini-batches are ranges
+            # too, in the step's trace (continuous) or as NVTX ranges (discrete, traced or not).
+            if STATE.fast is None or not (backend.tracing or self.config.discrete):
+                return frame, None
+            frame = None
+        close = None
+        try:
+            close = backend.enter_range(f"mini_batch{mini_batch}", concurrent=frame is not None and frame.concurrent)
+        except Exception as exc:
+            self._fail("could not record a mini-batch range", exc)
+        if frame is not None:
+            frame.window_open, frame.close_window = True, close
+        return frame, close
+
+    def exit_window(self, frame: _Frame | None, close_range: Callable[[], None] | None) -> None:
+        """A mini-batch ends: close its range and, in a scheduled stage's trace, advance the schedule."""
+        try:
+            if close_range is not None:
+                close_range()
+            if frame is None:
+                return
+            frame.window_open, frame.close_window = False, None
+            frame.mini_batches += 1
+            if frame.windowed and frame is self._owner and self._backend is not None:
+                held = self._acquire()
+                try:
+                    if frame is self._owner:  # still its trace: not stopped under it meanwhile
+                        self._backend.window_step()
+                finally:
+                    self._release(held)
+        except Exception as exc:
+            self._fail("could not advance the mini-batch schedule", exc)

@@ -1,0 +1,44 @@
+"""The flags the hot path reads, one object per process (no imports: everything may import it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["STATE"]
+
+
+class _State:
+    """``recording``: a profiled step is open on this rank; ``engaged``: recording, or stage metrics
+    on (decorated calls leave the disabled path); ``session``: the run of this process, if any.
+
+    ``fast``: on a profiled step whose stages open what they need by themselves (continuous mode,
+    or discrete NVTX: a range and a capture range; no metrics), stage name -> how to open it,
+    filled by the first call of each name; read by decorated calls on ``fast_thread`` (0: any
+    thread) instead of the session's bookkeeping.
+    ``observers``: with stage metrics on, the same idea for unprofiled steps (time and observe).
+    ``on_oom``: with ``memory.on_oom``, called as ``on_oom(exc, stage, role)`` by a stage an exception
+    leaves (only then: the normal path never reads it).
+    """
+
+    __slots__ = ("engaged", "fast", "fast_thread", "observers", "on_oom", "recording", "session")
+
+    def __init__(self) -> None:
+        self.recording = False
+        self.engaged = False
+        self.session: Any = None  # instrument.run._session.Session (not imported: no cycle)
+        self.fast: dict[str, Any] | None = None
+        self.fast_thread = 0
+        self.observers: dict[str, Any] | None = None  # with stage metrics: stage -> bound observe
+        self.on_oom: Any = None  # instrument.recorders.memory.OomSnapshots, or None
+
+    def __reduce__(self) -> tuple[Any, tuple[()]]:
+        # Decorated methods hold this object in their closure, and Ray pickles worker classes
+        # by value: unpickling must give the receiving process's own state, not a frozen copy.
+        return (_process_state, ())
+
+
+STATE = _State()
+
+
+def _process_state() -> _State:
+    return STATE
