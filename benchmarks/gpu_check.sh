@@ -61,7 +61,7 @@ rm -rf "$OUT"
 mkdir -p "$OUT"
 
 part "pytest -m gpu"
-timeout 300 "$PY" -m pytest -m gpu tests/test_gpu.py -p no:cacheprovider -q -rA 2>&1 | tee "$OUT/pytest.log"
+timeout 300 "$PY" -m pytest -m gpu tests/recorders/test_gpu.py -p no:cacheprovider -q -rA 2>&1 | tee "$OUT/pytest.log"
 tests_rc=${PIPESTATUS[0]}
 
 part "a profiled CUDA loop (steps 2 and 4 of 4; two forward stages, one scheduled update)"

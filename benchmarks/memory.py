@@ -11,7 +11,7 @@ Prints:
   4. what a GPU adds (from torch's documentation): per-allocation stack capture while history records.
 
 There is no GPU here: ``instrument.recorders.memory.CUDA`` is replaced by a stand-in that records
-nothing and returns a synthetic snapshot (as in tests/test_memory.py). Run:
+nothing and returns a synthetic snapshot (as in tests/recorders/test_memory.py). Run:
 ``.venv/bin/python benchmarks/memory.py``. Numbers are best-of-N; nothing here is asserted in tests.
 """
 

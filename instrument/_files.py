@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 __all__ = ["move_into", "wait_until_stable"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 _COPY_CHUNK = 1 << 20
 # link(2) fails with these where the filesystem has no hard links (FAT, some FUSE and network mounts).

@@ -18,7 +18,7 @@ from typing import Any, TextIO
 
 __all__ = ["Display", "human_bytes", "wanted"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 
 def wanted(stream: TextIO | None, *, quiet: bool = False) -> bool:

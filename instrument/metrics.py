@@ -28,7 +28,7 @@ from typing import Any
 
 __all__ = ["StageMetrics", "serve"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 # Stages run from milliseconds (a log-prob pass) to minutes (a rollout).
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)

@@ -371,7 +371,7 @@ def test_analysis_beside_a_half_written_manifest_line_reads_every_trace(tmp_path
     """A rank killed while writing its manifest line: its trace is complete (published before the line)
     and found by its name; the cut line is named once, the rest of the analysis is whole."""
     from instrument.analyze import analyze
-    from tests.test_analyze import known_run
+    from tests.analyze.test_analyze import known_run
 
     known_run(tmp_path)
     (manifest,) = tmp_path.glob("instrument-manifest-*.jsonl")

@@ -42,7 +42,7 @@ __all__ = [
     "run_finish_hook",
 ]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "INSTRUMENT_PROFILE_"
 """Prefix of every variable :func:`hook_environment` sets."""

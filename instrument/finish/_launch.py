@@ -49,7 +49,7 @@ __all__ = [
     "start_hook",
 ]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 INTERPRETER: str | None = None
 """The Python that runs the watchdog; ``None``: ``sys.executable``.  Tests point it elsewhere."""
@@ -319,7 +319,7 @@ OUTPUTS = ("stderr", "log")
 
 _READ_CHUNK = 1 << 16
 _MAX_LINE_BYTES = 8192  # a longer line is cut into pieces, so one endless line cannot eat memory
-_output_logger = logger.getChild("finish_hook")  # the hook's own output lines, so they can be filtered apart
+_output_logger = logging.getLogger("instrument.finish_hook")  # the hook's own output lines (docs name this logger)
 
 
 class OutputSink:

@@ -11,7 +11,7 @@ from instrument._terminal import Display, wanted
 
 __all__ = ["HOOK_PROGRESS_AFTER_S", "HookProgress"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 HOOK_PROGRESS_AFTER_S = 5.0
 """A finish hook running longer than this shows its elapsed time against its timeout (on a terminal)."""

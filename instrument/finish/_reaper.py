@@ -40,7 +40,7 @@ from types import FrameType
 
 __all__ = ["SETTLE_S", "TERM_GRACE_S", "end_group", "group_alive", "group_exists"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 TERM_GRACE_S = 2.0
 """Between SIGTERM and SIGKILL of the hook's process group."""

@@ -30,7 +30,7 @@ from instrument.run._session import STATE, is_last_step
 
 __all__ = ["ProfileController", "ProfiledWorker", "WorkerFailure", "nsight_runtime_env"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 _CONTROL_TIMEOUT_S = 120.0
 """Seconds a start / stop call may take before the controller reports the worker and moves on."""

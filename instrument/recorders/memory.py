@@ -38,7 +38,7 @@ __all__ = [
     "cut_stacks",
 ]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 _RECORDING = (Action.RECORD, Action.RECORD_AND_SAVE)
 

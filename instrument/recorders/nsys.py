@@ -23,7 +23,7 @@ from instrument.plan import StageSpec, plan_run
 
 __all__ = ["capture_ranges_for", "nsys_command", "nsys_options", "nsys_runtime_env", "relocate_nsys_reports"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 
 def capture_ranges_for(

@@ -28,7 +28,7 @@ from instrument.schedule import Action, action_at
 
 __all__ = ["CUDA_PROFILER", "DOMAIN", "NvtxBackend", "stage_color"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 DOMAIN = "instrument"
 """The NVTX domain every range of this package goes into."""

@@ -32,7 +32,7 @@ from instrument.schedule import Action, action_at, window_of
 
 __all__ = ["MEMORY_TIMELINE_SUFFIX", "TorchBackend", "wants_memory_timeline"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 _FastRange: Any
 try:  # ~0.25 µs per range against ~5 µs for record_function; private, so guarded
@@ -49,7 +49,7 @@ MEMORY_TIMELINE_SUFFIX = naming.MEMORY_TIMELINE_SUFFIX
 def wants_memory_timeline(contents: tuple[str, ...]) -> bool:
     """Whether a trace also gets a memory timeline: torch's ``export_memory_timeline`` needs
     ``profile_memory``, ``record_shapes`` and ``with_stack`` (it refuses otherwise), so contents
-    ``memory``, ``shapes`` and ``stack``; it works on the CPU too (tests/test_memory_cpu.py)."""
+    ``memory``, ``shapes`` and ``stack``; it works on the CPU too (tests/recorders/test_memory_cpu.py)."""
     return all(c in contents for c in ("memory", "shapes", "stack"))
 
 

@@ -44,7 +44,7 @@ __all__ = [
     "replica_profiler_dir",
 ]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 
 class EngineProfilerError(RuntimeError):

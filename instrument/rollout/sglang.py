@@ -61,7 +61,7 @@ __all__ = [
     "start_body_fields",
 ]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 Version = tuple[int, int, int, int]  # major, minor, patch, post
 

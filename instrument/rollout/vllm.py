@@ -63,7 +63,7 @@ __all__ = [
     "replica_profiler_dir",
 ]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 PROFILER_CONFIG_SINCE = (0, 13)
 """First vLLM release with ``--profiler-config``."""

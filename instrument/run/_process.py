@@ -30,7 +30,7 @@ __all__ = [
     "uninstall_process_hooks",
 ]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 
 def _env_int(name: str) -> int | None:

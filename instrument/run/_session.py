@@ -35,7 +35,7 @@ from instrument.run._triggers import Triggers
 
 __all__ = ["STATE", "Session", "detect_rank_and_world", "start_session"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 
 RECORDER_OVERRIDE: list[Callable[..., Any]] = []

@@ -22,7 +22,7 @@ from instrument.run._state import STATE
 
 __all__ = ["StageTracing"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 
 class _Frame:

@@ -15,7 +15,7 @@ from instrument.config import ProfilerConfig
 
 __all__ = ["TRIGGER_FILE", "Triggers", "slow_step"]
 
-logger = logging.getLogger("instrument")
+logger = logging.getLogger(__name__)
 
 TRIGGER_FILE = "PROFILE_NEXT_STEP"
 """Creating ``save_path/PROFILE_NEXT_STEP`` makes every process (with ``on_demand``) profile its next step."""

@@ -5,7 +5,7 @@ through which the recorder reaches ``torch.cuda.memory`` -- for :class:`StandInC
 stand-in that logs the history calls and hands out a synthetic snapshot shaped like torch's
 (segments, blocks, frames, device_traces). Everything else is real: the session, torch.profiler
 beside it, the files, names and manifest. ``test_without_cuda_*`` use the real ``torch.cuda``
-(unavailable here); tests/test_memory_gpu.py runs the real thing on a GPU.
+(unavailable here); tests/recorders/test_memory_gpu.py runs the real thing on a GPU.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from instrument.analyze import _layout as layout
 
 WORLD = 3
 STEPS = 2
-HTA_DATA = Path(__file__).parent / "data" / "hta" / "trace_filter"
+HTA_DATA = Path(__file__).parents[1] / "data" / "hta" / "trace_filter"
 HTA_RANK = re.compile(r'"rank":\s+(\d+)')  # the pattern HTA's rank-to-file map looks for (first match)
 TB_WORKER = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")  # torch-tb-profiler 0.4.3 consts.WORKER_PATTERN
 

@@ -27,7 +27,7 @@ from instrument.analyze import analyze
 from instrument.analyze._names import TraceFile
 from instrument.analyze._ray import _batches, _scan_batch
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 600  # a stuck cluster fails the test instead of hanging CI; never a speed check
 VARYING = ("elapsed_s", "jobs", "png", "html")  # how long and by how many: the only fields that may differ
 
@@ -40,7 +40,7 @@ def _comparable(data: dict[str, Any]) -> dict[str, Any]:
 def trace_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Real SDK continuous traces (2 ranks x 2 steps), 3 ranks x 2 steps x 3 stages of known durations, and a
     damaged file (the SDK's discrete traces are read by the same code as the known ones, and would duplicate them)."""
-    from tests.test_analyze import _run_ranks, known_run
+    from tests.analyze.test_analyze import _run_ranks, known_run
 
     directory = tmp_path_factory.mktemp("ray") / "profile"
     known_run(directory)

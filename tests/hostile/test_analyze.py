@@ -32,7 +32,7 @@ from instrument.analyze import _reader as reader
 from instrument.analyze import _safe_io as safe_io
 from instrument.analyze._steps import Ranges
 from instrument.manifest import MAX_LINE_BYTES, read_manifests
-from tests.test_analyze import _run_ranks
+from tests.analyze.test_analyze import _run_ranks
 
 WORLD = 2
 GOOD = WORLD * 3  # one step, three stages per rank

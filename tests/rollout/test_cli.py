@@ -3,7 +3,7 @@
 The engines here are :class:`_Engine`, a loopback HTTP stand-in answering as vLLM 0.32 does (a
 stop without a start answers 200, a second start 409). It is used for the shapes a real server
 cannot be made to show on demand (a flush that outlasts its deadline while ``/health`` answers) and
-to keep this file fast; tests/test_vllm_rollout.py runs the same commands against real vLLM
+to keep this file fast; tests/rollout/test_vllm_server.py runs the same commands against real vLLM
 servers behind the real vllm-router.
 """
 

@@ -27,7 +27,7 @@ def ray_cluster() -> Iterator[None]:
         include_dashboard=False,
         logging_level="ERROR",
         log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[1])}},
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}},
     )
     yield
     ray.shutdown()

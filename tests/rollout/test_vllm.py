@@ -2,7 +2,7 @@
 
 Relocation runs on real files named as vLLM and SGLang name them; the HTTP tests use a small
 stub server on 127.0.0.1 only for answers a real vLLM never gives (redirects, 500s, a hang).
-The real-server scenarios are in tests/test_vllm_rollout.py.
+The real-server scenarios are in tests/rollout/test_vllm_server.py.
 """
 
 from __future__ import annotations

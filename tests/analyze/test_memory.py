@@ -1,7 +1,7 @@
 """``instrument analyze`` lists memory snapshots and timelines beside the traces, reading pickles safely.
 
 The snapshots are written by the real recorder through the documented ``torch.cuda.memory``
-stand-in of tests/test_memory.py (no GPU here); the analysis, the files and the rendering are real.
+stand-in of tests/recorders/test_memory.py (no GPU here); the analysis, the files and the rendering are real.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from instrument.analyze import _snapshots, analyze  # noqa: E402
 from instrument.naming import trace_basename  # noqa: E402
 from instrument.recorders import memory  # noqa: E402
 from instrument.run._state import STATE  # noqa: E402
-from tests.test_memory import StandInCuda  # noqa: E402
+from tests.recorders.test_memory import StandInCuda  # noqa: E402
 
 
 @pytest.fixture

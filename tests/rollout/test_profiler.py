@@ -2,7 +2,7 @@
 :class:`RolloutProfiler`'s failures (one warning per kind) and manifest (one per process).
 
 Everything runs on real files; the engine is :class:`_Engine`, a stand-in for ``vllm.LLM`` (a real
-vLLM is too slow for this file: tests/test_vllm_rollout.py has it).
+vLLM is too slow for this file: tests/rollout/test_vllm_server.py has it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 straggler ratio that can be checked from its row, the clock caveat only across hosts, stable stage
 colours, the one-rank picture, and pictures and pages written whole, never through a symlink.
 
-Traces are built with known durations (:func:`tests.test_analyze.known_run`, no clock is read) or are
+Traces are built with known durations (:func:`tests.analyze.test_analyze.known_run`, no clock is read) or are
 the committed real GPU traces of ``tests/data/hta``.
 """
 
@@ -21,10 +21,10 @@ from instrument import cli
 from instrument.analyze import Report, analyze
 from instrument.analyze import _picture as picture
 from instrument.analyze import _render as render
-from tests.test_analyze import known_run
-from tests.test_analyze_steps import STRAGGLER, _torch_set
+from tests.analyze.test_analyze import known_run
+from tests.analyze.test_steps import STRAGGLER, _torch_set
 
-HTA_DATA = Path(__file__).parent / "data" / "hta"
+HTA_DATA = Path(__file__).parents[1] / "data" / "hta"
 
 
 @pytest.fixture(scope="module")

@@ -201,7 +201,7 @@ _CHILD = textwrap.dedent(
 def _child(tmp_path: Path, command: list[str], env: dict[str, str]) -> dict[str, Any]:
     script = tmp_path / "child.py"
     script.write_text(_CHILD, encoding="utf-8")
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     child_env = {**os.environ, "PYTHONPATH": root, **env}
     done = subprocess.run(
         [*command, sys.executable, str(script), str(tmp_path / "profile")],

@@ -18,9 +18,9 @@ from instrument.analyze import _reader as reader
 from instrument.analyze import _render as render
 from instrument.analyze import analyze
 from instrument.analyze._gpu import GpuAccumulator, GpuRow, is_profiler_step
-from tests.test_analyze import known_run
+from tests.analyze.test_analyze import known_run
 
-DATA = Path(__file__).parent / "data" / "hta"
+DATA = Path(__file__).parents[1] / "data" / "hta"
 FIELDS = (
     "span_us",
     "busy_us",

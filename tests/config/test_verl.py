@@ -238,7 +238,7 @@ def test_steps_null_profiles_nothing_in_any_order(order: int) -> None:
 def test_verl_keys_example_with_steps_null_profiles_nothing() -> None:
     import yaml
 
-    loaded = yaml.safe_load((Path(__file__).parent.parent / "examples" / "verl_keys.yaml").read_text())
+    loaded = yaml.safe_load((Path(__file__).parents[2] / "examples" / "verl_keys.yaml").read_text())
     assert ProfilerConfig.from_dict(loaded).active
     loaded["global_profiler"]["steps"] = None
     assert not ProfilerConfig.from_dict(loaded).active

@@ -2,7 +2,7 @@
 
 No GPU here: the error is torch's own ``torch.OutOfMemoryError`` raised by the test (a failure shape
 the CPU cannot produce), and ``instrument.recorders.memory.CUDA`` is the documented stand-in of
-tests/test_memory.py. tests/test_memory_gpu.py runs a real OOM on a GPU.
+tests/recorders/test_memory.py. tests/recorders/test_memory_gpu.py runs a real OOM on a GPU.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import instrument as ins  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
 from instrument.recorders import memory  # noqa: E402
 from instrument.run._state import STATE  # noqa: E402
-from tests.test_memory import StandInCuda  # noqa: E402
+from tests.recorders.test_memory import StandInCuda  # noqa: E402
 
 
 @pytest.fixture
