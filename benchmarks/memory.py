@@ -94,7 +94,7 @@ def _save_cost(entries: int, frames: int) -> tuple[int, int, float, int]:
     memory.CUDA = _NoGpu(entries, frames)
     sizes: list[int] = []
     with tempfile.TemporaryDirectory() as save:
-        spec = TraceSpec(save, "actor", "update_actor", 1, 0, 1, ())
+        spec = TraceSpec(save_path=save, role="actor", stage="update_actor", step=1, rank=0, world_size=1, contents=())
         options = ins.MemorySnapshots(stack_depth=frames)
         writer = SnapshotWriter(options, lambda r: sizes.append(r.bytes), lambda what, exc: None)
         take = memory.CUDA.snapshot

@@ -14,11 +14,12 @@ import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from instrument import naming
+from instrument.naming import TraceIdentity
 
 __all__ = ["CUT_SHORT", "MANIFEST_GLOB", "Manifest", "TraceRecord", "manifest_name", "read_manifests"]
 
@@ -26,27 +27,38 @@ MANIFEST_GLOB = "instrument-manifest-*.jsonl"
 _NAME_ATTEMPTS = 100
 
 
-@dataclass(frozen=True)
-class TraceRecord:
-    """One file in ``save_path`` and what it holds."""
+@dataclass(frozen=True, kw_only=True)
+class TraceRecord(TraceIdentity):
+    """One file in ``save_path`` and what it holds: the trace's identity, where it is, its size and tool.
+
+    On disk the world size keeps its manifest key ``world`` (every manifest written so far has it).
+    """
 
     path: str
-    role: str
-    stage: str
-    step: int
-    rank: int
-    world: int
-    window: tuple[int, int] | None
-    partial: bool
     bytes: int
     tool: str
-    triggered: bool = False
 
     def to_json(self) -> str:
         """The record as one JSON line (without newline)."""
-        data: dict[str, Any] = asdict(self)
+        data: dict[str, Any] = {key: getattr(self, attr) for key, attr in _ON_DISK}
         data["window"] = None if self.window is None else list(self.window)
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
+
+
+# Manifest keys in the order every writer has written them, and the attribute each holds.
+_ON_DISK = (
+    ("path", "path"),
+    ("role", "role"),
+    ("stage", "stage"),
+    ("step", "step"),
+    ("rank", "rank"),
+    ("world", "world_size"),
+    ("window", "window"),
+    ("partial", "partial"),
+    ("bytes", "bytes"),
+    ("tool", "tool"),
+    ("triggered", "triggered"),
+)
 
 
 def manifest_name(host: str | None = None, pid: int | None = None) -> str:
@@ -217,6 +229,7 @@ def _record(text: str) -> TraceRecord:
         if not (isinstance(window, list) and len(window) == 2):
             raise ValueError(f"'window' must be null or [first, last] (got {_shown(window)})")
         window = tuple(_checked("window", n, int, "null or two ints") for n in window)
+    values["world_size"] = values.pop("world")
     return TraceRecord(window=window, **values)
 
 

@@ -18,7 +18,8 @@ import re
 import socket
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 from instrument._checks import check_int
 
@@ -32,6 +33,7 @@ __all__ = [
     "SCRATCH_PREFIX",
     "SNAPSHOT_SUFFIX",
     "TRACE_SUFFIX",
+    "TraceIdentity",
     "TraceName",
     "check_label",
     "engine_trace_prefix",
@@ -133,21 +135,40 @@ def next_timestamp_ns() -> int:
         return _last_timestamp_ns
 
 
-@dataclass(frozen=True)
-class TraceName:
-    """The fields of a trace name, as :func:`parse_trace_name` reads them."""
+@dataclass(frozen=True, kw_only=True)
+class TraceIdentity:
+    """What one trace is of: who wrote it (role, rank of world_size), which stage of which step, which mini-batches.
+
+    The one value behind a trace everywhere it appears: a recorder's spec, the trace's name
+    (:meth:`prefix`), its manifest line and its parsed name all are (subclasses of) this value,
+    so each field is spelled the same way in every one of them.
+    """
 
     role: str
     stage: str
     step: int
     rank: int
     world_size: int
-    host: str
-    pid: int
-    timestamp_ns: int
     window: tuple[int, int] | None = None
     partial: bool = False
     triggered: bool = False
+
+    def identity_fields(self) -> dict[str, Any]:
+        """The identity's fields alone (a subclass's extra fields left out), as keywords."""
+        return {f.name: getattr(self, f.name) for f in fields(TraceIdentity)}
+
+    def prefix(self) -> str:
+        """The part of the trace's file name these fields make (see :func:`trace_prefix`)."""
+        return trace_prefix(**self.identity_fields())
+
+
+@dataclass(frozen=True, kw_only=True)
+class TraceName(TraceIdentity):
+    """The fields of a trace name, as :func:`parse_trace_name` reads them: the identity, and where and when."""
+
+    host: str
+    pid: int
+    timestamp_ns: int
 
     def basename(self) -> str:
         """The name these fields stand for (without suffix)."""

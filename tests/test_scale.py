@@ -317,7 +317,9 @@ def _record(rank: int, k: int) -> TraceRecord:
         role="actor", stage=f"stage{k}", step=1, rank=rank, world_size=WORLD, host=f"node{rank // TP}",
         pid=1000 + rank % TP, timestamp_ns=1_790_000_000_000_000_000 + k,
     ) + naming.TRACE_SUFFIX  # fmt: skip
-    return TraceRecord(name, "actor", f"stage{k}", 1, rank, WORLD, None, False, 1234, "torch")
+    return TraceRecord(
+        path=name, role="actor", stage=f"stage{k}", step=1, rank=rank, world_size=WORLD, bytes=1234, tool="torch"
+    )
 
 
 def _write_manifests(save: Path, cut: dict[int, int | None]) -> list[TraceRecord]:

@@ -119,7 +119,7 @@ def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[S
                 stage=record.stage,
                 step=record.step,
                 rank=record.rank,
-                world=record.world,
+                world=record.world_size,
                 window=record.window,
                 partial=record.partial,
                 tool=record.tool,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from instrument.manifest import TraceRecord
+from instrument.naming import TraceIdentity
 from instrument.schedule import ScheduleLike
 
 __all__ = [
@@ -34,19 +35,14 @@ Report = Callable[[str, BaseException], None]
 """Called by a recorder for a failure it absorbed: what failed, and the exception."""
 
 
-@dataclass(frozen=True)
-class TraceSpec:
-    """What one trace is of: the values its file name and manifest line are made from."""
+@dataclass(frozen=True, kw_only=True)
+class TraceSpec(TraceIdentity):
+    """What one trace is of (its identity: the values its file name and manifest line are made from),
+    where it goes and what it records. ``window`` and ``partial`` are the recorder's to fill in per file."""
 
     save_path: str
-    role: str
-    stage: str
-    step: int
-    rank: int
-    world_size: int
     contents: tuple[str, ...]
     schedule: ScheduleLike | None = None
-    triggered: bool = False  # profiled on demand: the name carries "_trig"
     memory: Any = None  # the run's MemorySnapshots options (ProfilerConfig.memory), for memory recorders
 
 

@@ -115,19 +115,10 @@ def record_of(
     partial: bool = False,
 ) -> TraceRecord:
     """The manifest line of ``final``, a published file of ``spec``."""
-    return TraceRecord(
-        path=final.name,
-        role=spec.role,
-        stage=spec.stage if stage is None else stage,
-        step=spec.step,
-        rank=spec.rank,
-        world=spec.world_size,
-        window=window,
-        partial=partial,
-        bytes=final.stat().st_size,
-        tool=tool,
-        triggered=spec.triggered,
-    )
+    identity = {**spec.identity_fields(), "window": window, "partial": partial}
+    if stage is not None:
+        identity["stage"] = stage
+    return TraceRecord(**identity, path=final.name, bytes=final.stat().st_size, tool=tool)
 
 
 class Finisher:

@@ -134,7 +134,7 @@ def relocate_nsys_reports(
             stage="nsys",
             step=0,
             rank=rank,
-            world=world_size,
+            world_size=world_size,
             window=None,
             partial=False,
             bytes=target.stat().st_size,

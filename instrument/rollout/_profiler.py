@@ -266,7 +266,7 @@ def relocate_engine_traces(
             stage="frontend" if frontend else "engine",
             step=step,
             rank=-1 if rank is None else rank,
-            world=world_size,
+            world_size=world_size,
             window=None,
             partial=False,
             bytes=size,

@@ -105,7 +105,7 @@ def sdk_trace(
                 stage=stage,
                 step=step,
                 rank=rank,
-                world=world,
+                world_size=world,
                 window=window,
                 partial=False,
                 bytes=path.stat().st_size,

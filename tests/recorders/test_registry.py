@@ -168,8 +168,7 @@ class LinesRecorder:
         name = f"{spec.role}_{spec.stage}_step{spec.step}.lines.json"
         path = Path(spec.save_path) / name
         path.write_text(json.dumps(self._lines))
-        self._publish(TraceRecord(name, spec.role, spec.stage, spec.step, spec.rank, spec.world_size, None, False,
-                                  path.stat().st_size, self.tool))  # fmt: skip
+        self._publish(TraceRecord(**spec.identity_fields(), path=name, bytes=path.stat().st_size, tool=self.tool))
 
     def flush(self) -> None:
         pass

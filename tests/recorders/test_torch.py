@@ -141,7 +141,7 @@ def test_manifest_lists_every_file(tmp_path: Path) -> None:
     assert sorted(str(tmp_path / r.path) for r in records) == sorted(files)
     for record in records:
         assert record.bytes == os.path.getsize(tmp_path / record.path)
-        assert (record.role, record.rank, record.world, record.tool) == ("actor", 0, 1, "torch")
+        assert (record.role, record.rank, record.world_size, record.tool) == ("actor", 0, 1, "torch")
     assert {r.window for r in records} == {None, (0, 1)}
 
 

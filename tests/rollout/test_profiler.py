@@ -181,7 +181,7 @@ def test_an_unwritable_manifest_does_not_stop_relocation(tmp_path: Path, caplog:
 def test_a_forked_child_gets_its_own_manifest(tmp_path: Path) -> None:
     save = tmp_path / "save"
     save.mkdir()
-    record = TraceRecord("a", "rollout", "engine", 1, 0, 1, None, False, 1, "vllm")
+    record = TraceRecord(path="a", role="rollout", stage="engine", step=1, rank=0, world_size=1, bytes=1, tool="vllm")
     process_publisher(save)(record)
     pid = os.fork()
     if pid == 0:  # the child: publish, then leave without running pytest's teardown

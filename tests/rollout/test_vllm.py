@@ -153,7 +153,7 @@ def test_relocation_keeps_requested_ranks_labels_frontend_and_keeps_unknown(tmp_
     records = {Path(r.path).name: r for r in read_manifests(save)}
     assert len(records) == 3
     engine = next(r for r in records.values() if r.stage == "engine" and r.rank == 2)
-    assert (engine.role, engine.step, engine.world, engine.tool, engine.bytes) == ("rollout", 3, 4, "vllm", 100)
+    assert (engine.role, engine.step, engine.world_size, engine.tool, engine.bytes) == ("rollout", 3, 4, "vllm", 100)
 
 
 def test_relocation_waits_for_a_growing_file(tmp_path: Path) -> None:
