@@ -32,6 +32,8 @@ __all__ = [
     "OOM_STAGE_PREFIX",
     "SCRATCH_PREFIX",
     "SNAPSHOT_SUFFIX",
+    "TIMELINE_STAGE",
+    "TIMELINE_SUFFIX",
     "TRACE_SUFFIX",
     "TraceIdentity",
     "TraceName",
@@ -53,6 +55,10 @@ MEMORY_TIMELINE_SUFFIX = ".memory-timeline.html"
 """Suffix of torch's memory timeline pages, saved beside their trace."""
 OOM_STAGE_PREFIX = "oom-"
 """A snapshot saved at an out-of-memory error names its stage ``oom-{stage}``."""
+TIMELINE_SUFFIX = ".timeline.bin"
+"""Suffix of step timeline files (:mod:`instrument.timeline`)."""
+TIMELINE_STAGE = "timeline"
+"""The stage label in a timeline file's name (its step is 0: the file holds every step)."""
 SCRATCH_PREFIX = ".instrument-tmp-"
 """Each process's private folder in ``save_path`` for files not yet complete (never a trace)."""
 
@@ -71,6 +77,7 @@ _KNOWN_SUFFIXES = (
     ".nsys-rep",
     SNAPSHOT_SUFFIX,
     MEMORY_TIMELINE_SUFFIX,
+    TIMELINE_SUFFIX,
 )
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]")
