@@ -1,11 +1,14 @@
 """Trace analysis across ranks, steps and mini-batches: ``instrument analyze DIR``.
 
->>> from instrument.analyze import analyze
+>>> from instrument.analyze import analyze, render_text, write_html, write_png
 >>> report = analyze("outputs/profile", steps=[2, 4])       # doctest: +SKIP
 >>> worst = report.stages[0]                                 # sorted by straggler ratio, worst first
 >>> worst.stage, worst.straggler_rank, worst.ratio            # doctest: +SKIP
->>> print(report.render_text()); report.write_png("a.png"); report.write_html("a.html")  # doctest: +SKIP
+>>> print(render_text(report)); write_png(report, "a.png"); write_html(report, "a.html")  # doctest: +SKIP
 
+Four layers, each importing only those below it: the values (:mod:`._model`: :class:`Report` and
+what it holds), reading the files (:mod:`.traces`), the numbers (:mod:`.analyzers`, joined up by
+:func:`analyze`), and the renderers (:mod:`.render`), which take a :class:`Report`.
 Reading streams every file once (``ijson``), so memory follows the largest file, not the set.
 Importing this package loads neither ``rich``, ``matplotlib`` nor ``torch``: the renderers import
 them when called.  See ``docs/analyze.md``.
@@ -13,10 +16,10 @@ them when called.  See ``docs/analyze.md``.
 
 from __future__ import annotations
 
+from instrument.analyze._analyze import analyze
+from instrument.analyze._model import CLOCK_CAVEAT, MemoryFile, RankStats, Report, Skipped, StageStats, TraceFile
 from instrument.analyze._ray import RayUnavailableError
-from instrument.analyze._reader import Skipped, TraceFile
-from instrument.analyze._report import CLOCK_CAVEAT, RankStats, Report, StageStats, analyze
-from instrument.analyze._snapshots import MemoryFile
+from instrument.analyze.render import render_text, write_html, write_png
 
 __all__ = [
     "CLOCK_CAVEAT",
@@ -28,4 +31,7 @@ __all__ = [
     "StageStats",
     "TraceFile",
     "analyze",
+    "render_text",
+    "write_html",
+    "write_png",
 ]

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import TextIO
 
 from instrument._terminal import Display, human_bytes, wanted
+from instrument.analyze._analyze import analyze
+from instrument.analyze._layout import export_layout
 from instrument.analyze._ray import RayUnavailableError
-from instrument.analyze._report import analyze
+from instrument.analyze.render import render_text, write_html, write_png
 
 __all__ = ["DEFAULT_PNG", "add_arguments", "main_from_args", "parse_int_list"]
 
@@ -148,8 +150,6 @@ def _not_ours(target: Path) -> str | None:
 
 def _export(args: argparse.Namespace) -> int:
     """``--layout KIND OUT``: the export instead of the analysis (exit 1 when a file was left out)."""
-    from instrument.analyze._layout import export_layout
-
     kind, out = args.layout
     if args.png or args.html or args.no_png:
         return _error("--layout writes no analysis: drop --png, --no-png and --html")
@@ -256,7 +256,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         _say(f"instrument analyze: no picture: {_printable(refused)}", sys.stderr)
     elif not args.no_png:
         try:
-            png = report.write_png(target)
+            png = write_png(report, target)
         except ImportError:
             if args.png:
                 return _error("--png needs matplotlib: pip install 'instrument[analyze]'")
@@ -268,7 +268,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     page: Path | None = None
     if args.html:
         try:
-            page = report.write_html(args.html)
+            page = write_html(report, args.html)
         except ImportError:
             return _error("--html needs matplotlib: pip install 'instrument[analyze]'")
         except OSError as exc:
@@ -283,7 +283,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         tty = sys.stdout.isatty()
         width = shutil.get_terminal_size().columns if tty else None
         no_color = os.environ.get("NO_COLOR", "") != ""  # https://no-color.org, as rich reads it
-        _say(report.render_text(width=width, color=tty and not no_color))
+        _say(render_text(report, width=width, color=tty and not no_color))
         if png is not None:
             _say(f"picture  {png}")
         if page is not None:

@@ -35,17 +35,10 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from instrument import naming
-from instrument.analyze import _safe_io
-from instrument.analyze._reader import (
-    CONTINUOUS,
-    Skipped,
-    TraceError,
-    TraceFile,
-    discover,
-    label_key,
-    read_header,
-    with_rank_from_header,
-)
+from instrument.analyze._model import Skipped, TraceFile, label_key
+from instrument.analyze.traces import _safe_io
+from instrument.analyze.traces._discover import discover
+from instrument.analyze.traces._reader import TraceError, read_header, with_rank_from_header
 
 __all__ = ["LAYOUTS", "Export", "Exported", "export_layout"]
 
@@ -125,7 +118,7 @@ def _keeps(
     if steps is not None and trace.step not in steps:
         return False
     # continuous and whole traces hold every stage: they stay whatever --stage says
-    return stages is None or trace.stage in (CONTINUOUS, _WHOLE) or label_key(trace.stage) in stages
+    return stages is None or trace.stage in (naming.CONTINUOUS_STAGE, _WHOLE) or label_key(trace.stage) in stages
 
 
 def _chosen(
@@ -240,6 +233,7 @@ class _Tree:
         return self._open(relative)
 
     def close(self) -> None:
+        """Close every descriptor held."""
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import instrument
-from instrument.analyze._reader import FileScan, Skipped, TraceError, TraceFile, scan_file
+from instrument.analyze._model import Skipped, TraceFile
+from instrument.analyze.traces._reader import FileScan, TraceError, scan_file
 
 __all__ = ["BATCHES_PER_CPU", "RayUnavailableError", "scan_on_ray"]
 

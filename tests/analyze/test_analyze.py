@@ -26,8 +26,8 @@ import torch
 import instrument as ins
 import instrument.testing
 from instrument import cli, naming
-from instrument.analyze import Report, analyze
-from instrument.analyze import _reader as reader
+from instrument.analyze import Report, analyze, render_text, write_png
+from instrument.analyze.traces import _reader as reader
 from instrument.manifest import Manifest, TraceRecord, read_manifests
 
 WORLD = 3
@@ -514,5 +514,5 @@ def test_importing_analyze_loads_no_renderer_or_torch() -> None:
 def test_a_long_run_is_drawn_as_the_mean_of_steps(report: Report, tmp_path: Path) -> None:
     many = replace(report, stages=tuple(replace(s, step=step) for step in range(1, 16) for s in report.stages))
     assert len(many.stages) > 40  # more rows than the heatmap shows one by one
-    assert many.write_png(tmp_path / "many.png").stat().st_size > 10_000
-    assert "15 steps" in many.render_text()
+    assert write_png(many, tmp_path / "many.png").stat().st_size > 10_000
+    assert "15 steps" in render_text(many)

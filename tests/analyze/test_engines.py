@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from instrument.analyze import analyze
-from instrument.analyze._names import from_name
-from instrument.analyze._reader import scan_file
-from instrument.analyze._steps import EXECUTE, Segment, step_tokens
+from instrument.analyze import analyze, render_text
+from instrument.analyze.traces._names import from_name
+from instrument.analyze.traces._reader import scan_file
+from instrument.analyze.traces._steps import EXECUTE, Segment, step_tokens
 
 DATA = Path(__file__).parents[1] / "data" / "vllm"
 BUSY = DATA / "busy" / "rank0.1796061723530724090.pt.trace.json.gz"
@@ -185,8 +185,8 @@ def test_the_report_says_what_each_replica_did_and_knows_the_frontend(tmp_path: 
     assert trace is not None and (trace.stage, trace.tool, trace.rank) == ("frontend", "vllm", None)
     busy = analyze(tmp_path / "busy", jobs=1)
     assert {(s.role, s.stage) for s in busy.stages} == {("rollout", "engine"), ("rollout", "frontend")}
-    text = busy.render_text(width=200)
+    text = render_text(busy, width=200)
     assert "rollout/engine step 0: rank 0 24 iterations, 48 tokens, 126.5 ms in a 246.6 ms window" in text
     assert '"tokens": 48' in json.dumps(busy.to_dict())
-    idle = analyze(tmp_path / "idle", jobs=1).render_text(width=200)
+    idle = render_text(analyze(tmp_path / "idle", jobs=1), width=200)
     assert "rank 0 idle (0 iterations in" in idle

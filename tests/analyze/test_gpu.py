@@ -1,4 +1,4 @@
-"""GPU time per rank (``instrument.analyze._gpu``), checked against HolisticTraceAnalysis on real traces,
+"""GPU time per rank (``instrument.analyze.traces._gpu``), checked against HolisticTraceAnalysis on real traces,
 and shown in the table, the page and the picture (none of it for CPU-only traces)."""
 
 from __future__ import annotations
@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 
 from instrument import cli
-from instrument.analyze import _picture as picture
-from instrument.analyze import _reader as reader
-from instrument.analyze import _render as render
-from instrument.analyze import analyze
-from instrument.analyze._gpu import GpuAccumulator, GpuRow, is_profiler_step
+from instrument.analyze import analyze, render_text, write_html, write_png
+from instrument.analyze.render import _html
+from instrument.analyze.render import _png as picture
+from instrument.analyze.render import _tables as tables
+from instrument.analyze.traces import _reader as reader
+from instrument.analyze.traces._gpu import GpuAccumulator, GpuRow, is_profiler_step
 from tests.analyze.test_analyze import known_run
 
 DATA = Path(__file__).parents[1] / "data" / "hta"
@@ -215,21 +216,21 @@ def shown() -> Any:
 
 
 def test_the_table_shows_gpu_time_per_rank_whole_trace_then_each_step(shown: Any) -> None:
-    rows = render.gpu_rows(shown)
+    rows = tables.gpu_rows(shown)
     assert [(r[0], r[1]) for r in rows] == [(rank, step) for step in ("all", "551", "552") for rank in ("0", "1")]
     # rank 0, whole trace: HTA's figures above (span 1,222.8 ms, compute 210.3 ms = 17.2 %, ...)
     assert rows[0] == ("0", "all", "1,222.8", "210.3 (17.2%)", "396.2 (32.4%)", "1.32 (0.1%)", "675.2 (55.2%)", "14.9%")
-    text = shown.render_text(width=200)
+    text = render_text(shown, width=200)
     assert "GPU time per rank" in text and "HTA's definitions" in text
     for row in rows:
         assert re.search(r"[\s│]+".join(re.escape(c) for c in row), text), row
 
 
 def test_the_page_has_a_gpu_section_with_the_same_numbers(shown: Any, tmp_path: Path) -> None:
-    page = shown.write_html(tmp_path / "gpu.html").read_text(encoding="utf-8")
+    page = write_html(shown, tmp_path / "gpu.html").read_text(encoding="utf-8")
     assert "<h2>GPU time per rank</h2>" in page
-    for row in render.gpu_rows(shown):
-        assert "".join(render._td(c, h) for c, h in zip(row, render.GPU_HEADERS, strict=True)) in page
+    for row in tables.gpu_rows(shown):
+        assert "".join(_html._td(c, h) for c, h in zip(row, tables.GPU_HEADERS, strict=True)) in page
 
 
 def test_the_picture_stacks_each_ranks_gpu_span(shown: Any) -> None:
@@ -248,25 +249,25 @@ def test_the_picture_stacks_each_ranks_gpu_span(shown: Any) -> None:
 
 def test_one_rank_with_steps_gets_gpu_rows_and_a_bar(tmp_path: Path) -> None:
     report = analyze(DATA / "negative_queue", jobs=1)
-    rows = render.gpu_rows(report)
+    rows = tables.gpu_rows(report)
     assert [r[1] for r in rows] == ["all", "550", "551", "552", "553", "554"]
     fig = picture._figure(report)
     assert "one rank" in fig.axes[0].get_title() and fig.axes[-1].get_title().startswith("(c)")
-    assert report.write_png(tmp_path / "one.png").stat().st_size > 10_000
+    assert write_png(report, tmp_path / "one.png").stat().st_size > 10_000
 
 
 def test_without_rich_the_plain_table_has_the_gpu_rows_too(shown: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "rich.console", None)  # import rich.console raises ImportError
-    text = shown.render_text()
+    text = render_text(shown)
     assert "┃" not in text  # the plain fallback
     assert "GPU time per rank" in text
-    for row in render.gpu_rows(shown):
+    for row in tables.gpu_rows(shown):
         assert re.search(r"[\s│]+".join(re.escape(c) for c in row), text), row
 
 
 def test_cpu_only_sdk_traces_show_no_gpu_section(tmp_path: Path) -> None:
     report = analyze(known_run(tmp_path / "sdk"), jobs=1)
-    assert report.ok and report.gpu == () and render.gpu_rows(report) == []
-    assert "GPU" not in report.render_text()
-    assert "GPU time per rank" not in report.write_html(tmp_path / "a.html").read_text(encoding="utf-8")
+    assert report.ok and report.gpu == () and tables.gpu_rows(report) == []
+    assert "GPU" not in render_text(report)
+    assert "GPU time per rank" not in write_html(report, tmp_path / "a.html").read_text(encoding="utf-8")
     assert not any(ax.get_title().startswith("(c)") for ax in picture._figure(report).axes)

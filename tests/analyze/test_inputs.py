@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from instrument.analyze import analyze
-from instrument.analyze._names import from_name
+from instrument.analyze.traces._names import from_name
 
 
 def _events(ms: float) -> list[dict[str, Any]]:
@@ -46,7 +46,7 @@ def _write(path: Path, events: list[dict[str, Any]], **meta: Any) -> None:
 def test_name_forms(name: str, fields: tuple[Any, ...]) -> None:
     found = from_name(Path(name))
     assert found is not None
-    assert (found.role, found.stage, found.step, found.rank, found.world) == fields
+    assert (found.role, found.stage, found.step, found.rank, found.world_size) == fields
 
 
 def test_unknown_and_torch_default_names_are_left_to_the_trace() -> None:

@@ -25,6 +25,7 @@ import torch
 import instrument as ins
 import instrument.testing
 from instrument import cli
+from instrument.analyze import TraceFile
 from instrument.analyze import _layout as layout
 
 WORLD = 3
@@ -458,7 +459,7 @@ def test_more_folders_than_the_descriptor_limit(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("label", ["..", ".", "", "a/../../b", "/etc", "\x1b[31mred", "x" * 300])
 def test_hostile_labels_make_one_safe_folder_name(label: str) -> None:
-    trace = layout.TraceFile(path="p", role=label, stage=label, step=1, rank=0, world=1)
+    trace = TraceFile(path="p", role=label, stage=label, step=1, rank=0, world_size=1)
     parts = layout.folder_of(trace).split("/")
     assert len(parts) == 3 and parts[2] == "step1"
     for part in parts[:2]:

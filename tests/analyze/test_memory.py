@@ -20,7 +20,9 @@ torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
 from instrument import cli  # noqa: E402
-from instrument.analyze import _snapshots, analyze  # noqa: E402
+from instrument.analyze import analyze, render_text, write_html  # noqa: E402
+from instrument.analyze.analyzers import _snapshots  # noqa: E402
+from instrument.analyze.render._tables import memory_rows  # noqa: E402
 from instrument.naming import trace_basename  # noqa: E402
 from instrument.recorders import memory  # noqa: E402
 from instrument.run._state import STATE  # noqa: E402
@@ -66,7 +68,7 @@ def test_snapshots_are_listed_with_size_and_peak(save: Path) -> None:
 
 
 def test_the_table_says_how_to_open_them(save: Path) -> None:
-    text = analyze(save).render_text(width=200)
+    text = render_text(analyze(save), width=200)
     assert "Memory files" in text
     assert "https://pytorch.org/memory_viz" in text
     assert "oom snapshot" in text
@@ -83,7 +85,7 @@ def test_the_cli_prints_them_and_filters_apply(save: Path, capsys: pytest.Captur
 
 def test_html_report_lists_them(save: Path, tmp_path_factory: pytest.TempPathFactory) -> None:
     pytest.importorskip("matplotlib")
-    page = analyze(save).write_html(tmp_path_factory.mktemp("out") / "report.html").read_text()
+    page = write_html(analyze(save), tmp_path_factory.mktemp("out") / "report.html").read_text()
     assert "<h2>Memory files</h2>" in page and "memory_viz" in page
 
 
@@ -125,7 +127,7 @@ def test_timelines_and_foreign_names_are_told_apart(tmp_path: Path) -> None:
     (tmp_path / "notes.pickle").write_bytes(b"x")  # not an SDK name: not listed
     (timeline,) = _snapshots.find_memory_files(tmp_path)
     assert (timeline.kind, timeline.window, timeline.peak_allocated) == ("timeline", (0, 1), None)
-    assert _snapshots.memory_rows([timeline])[0][5] == "mb0-1"
+    assert memory_rows([timeline])[0][5] == "mb0-1"
 
 
 _events = st.lists(st.tuples(st.booleans(), st.integers(1, 1 << 30)), max_size=40)

@@ -18,9 +18,12 @@ from typing import Any
 import pytest
 
 from instrument import cli
-from instrument.analyze import Report, analyze
-from instrument.analyze import _picture as picture
-from instrument.analyze import _render as render
+from instrument.analyze import Report, analyze, render_text, write_html, write_png
+from instrument.analyze.render import UnsafeDestinationError
+from instrument.analyze.render import _png as picture
+from instrument.analyze.render import _tables as tables
+from instrument.analyze.render._destination import write_new_file
+from instrument.analyze.render._words import plural
 from tests.analyze.test_analyze import known_run
 from tests.analyze.test_steps import STRAGGLER, _torch_set
 
@@ -43,16 +46,16 @@ def one_host(tmp_path_factory: pytest.TempPathFactory) -> Report:
 
 
 def _row(report: Report, stage: str) -> dict[str, str]:
-    rows = render.table_rows(report)
+    rows = tables.table_rows(report)
     found = next(r for r in rows if r[2].split(" [")[0] == stage)
-    return dict(zip(render.headers(report), found, strict=True))
+    return dict(zip(tables.headers(report), found, strict=True))
 
 
 # --------------------------------------------------------------------------- words
 
 
 def test_one_rank_is_singular_and_has_no_straggler_columns(one_rank: Report) -> None:
-    text = one_rank.render_text()
+    text = render_text(one_rank)
     assert re.search(r"\b1 rank;", text) and "1 ranks" not in text
     assert "1 step," in text and "1 steps" not in text
     assert "slowest: the straggler rank" not in text  # no column to explain
@@ -62,22 +65,22 @@ def test_one_rank_is_singular_and_has_no_straggler_columns(one_rank: Report) -> 
 
 
 def test_plural_words() -> None:
-    assert [render.plural(n, "rank") for n in (0, 1, 2, 1234)] == ["0 ranks", "1 rank", "2 ranks", "1,234 ranks"]
-    assert render.plural(1, "process", "processes") == "1 process"
-    assert render.plural(3, "process", "processes") == "3 processes"
+    assert [plural(n, "rank") for n in (0, 1, 2, 1234)] == ["0 ranks", "1 rank", "2 ranks", "1,234 ranks"]
+    assert plural(1, "process", "processes") == "1 process"
+    assert plural(3, "process", "processes") == "3 processes"
 
 
 def test_rows_without_mini_batches_show_a_dash(one_host: Report) -> None:
     assert _row(one_host, "compute_log_prob")["mini-batch ms"] == "-"
     assert _row(one_host, "update_actor")["mini-batch ms"] == "8.00"
     assert _row(one_host, "compute_log_prob")["gpu ms"] == "-"  # no kernels: no figure either
-    assert all("0.00" not in cell for row in render.table_rows(one_host) for cell in row)
+    assert all("0.00" not in cell for row in tables.table_rows(one_host) for cell in row)
 
 
 def test_several_ranks_keep_the_straggler_columns(one_host: Report) -> None:
     row = _row(one_host, "generate_sequences")
     assert (row["ranks"], row["slowest"], row["max/med"], row["max ms"]) == ("3", "2", "6.00", "90.0")
-    text = one_host.render_text()
+    text = render_text(one_host)
     assert "3 ranks;" in text and "slowest: the straggler rank" in text
 
 
@@ -96,7 +99,7 @@ def _f(cell: str) -> float:
 def _check_ratios(report: Report) -> int:
     """Every compared row's max/med, recomputed from the figures on that row; returns rows judged by work."""
     by_work = 0
-    for row in (dict(zip(render.headers(report), r, strict=True)) for r in render.table_rows(report)):
+    for row in (dict(zip(tables.headers(report), r, strict=True)) for r in tables.table_rows(report)):
         if row["max/med"] == "-":
             continue
         if row.get("work med ms", "-") != "-":
@@ -113,8 +116,8 @@ def test_a_ratio_judged_by_work_shows_the_work_it_was_computed_from(real_gpu: Re
     # HTA's trace_filter, step 552 data_load: wall 3.83 / 3.85 ms on the two ranks, yet max/med 2.00:
     # rank 1 spends its time waiting in a collective for rank 0, so the work figures must be on the row.
     row = next(
-        dict(zip(render.headers(real_gpu), r, strict=True))
-        for r, s in zip(render.table_rows(real_gpu), real_gpu.stages, strict=True)
+        dict(zip(tables.headers(real_gpu), r, strict=True))
+        for r, s in zip(tables.table_rows(real_gpu), real_gpu.stages, strict=True)
         if s.step == 552 and "data_load" in s.stage
     )
     assert (row["median ms"], row["max ms"], row["max/med"], row["slowest"]) == ("3.83", "3.85", "2.00", "0")
@@ -129,15 +132,15 @@ def test_every_ratio_can_be_checked_from_its_row(real_gpu: Report, one_host: Rep
     assert gen.straggler == str(STRAGGLER) and gen.ratio is not None
     assert gen.max_ms / gen.median_ms < gen.ratio  # the wall figures alone could not explain the ratio
     assert _check_ratios(one_host) == 0  # judged by wall time: no work columns at all
-    assert "work med ms" not in render.headers(one_host)
-    assert "by work" not in one_host.render_text()
-    assert "work max / work med" in real_gpu.render_text()  # the legend says which pair the ratio divides
+    assert "work med ms" not in tables.headers(one_host)
+    assert "by work" not in render_text(one_host)
+    assert "work max / work med" in render_text(real_gpu)  # the legend says which pair the ratio divides
 
 
 def test_the_page_shows_the_work_columns_and_the_same_cells(real_gpu: Report, tmp_path: Path) -> None:
-    page = real_gpu.write_html(tmp_path / "r.html").read_text(encoding="utf-8")
+    page = write_html(real_gpu, tmp_path / "r.html").read_text(encoding="utf-8")
     assert "<th>work med ms</th><th>work max ms</th>" in page
-    first = render.table_rows(real_gpu)[0]
+    first = tables.table_rows(real_gpu)[0]
     cells = "".join(f'<td class="n">{c}</td>' for c in first[3:])
     assert cells in page
 
@@ -162,17 +165,17 @@ def test_the_heatmap_boxes_the_rank_the_table_names(real_gpu: Report) -> None:
 def test_the_clock_caveat_only_when_traces_come_from_several_hosts(
     one_host: Report, two_hosts: Report, one_rank: Report, tmp_path: Path
 ) -> None:
-    assert render.hosts(one_host) == frozenset({"node-a"})
-    assert render.hosts(two_hosts) == frozenset({"node-a", "node-b"})
-    assert render.clock_caveat(one_host) is None
-    assert render.clock_caveat(one_rank) is None
-    assert render.clock_caveat(two_hosts) == two_hosts.caveat
-    assert "not aligned" not in one_host.render_text()
-    assert "not aligned" in two_hosts.render_text()
+    assert tables.hosts(one_host) == frozenset({"node-a"})
+    assert tables.hosts(two_hosts) == frozenset({"node-a", "node-b"})
+    assert tables.clock_caveat(one_host) is None
+    assert tables.clock_caveat(one_rank) is None
+    assert tables.clock_caveat(two_hosts) == two_hosts.caveat
+    assert "not aligned" not in render_text(one_host)
+    assert "not aligned" in render_text(two_hosts)
     page = tmp_path / "two.html"
-    two_hosts.write_html(page)
+    write_html(two_hosts, page)
     assert "not aligned" in page.read_text(encoding="utf-8")
-    one_host.write_html(page)
+    write_html(one_host, page)
     assert "not aligned" not in page.read_text(encoding="utf-8")
 
 
@@ -184,34 +187,34 @@ def test_names_that_give_no_host_keep_the_caveat_when_ranks_are_compared(one_hos
         (renamed / f"worker{rank}.1764000000.pt.trace.json.gz").write_bytes(source.read_bytes())
     report = analyze(renamed, jobs=1)
     assert report.ranks == (0, 1), report.skipped
-    assert render.hosts(report) is None
-    assert render.clock_caveat(report) == report.caveat
+    assert tables.hosts(report) is None
+    assert tables.clock_caveat(report) == report.caveat
 
 
 # --------------------------------------------------------------------------- colours
 
 
 def test_a_stage_keeps_its_colour_whatever_else_is_in_the_report() -> None:
-    alone = render.stage_colors([("actor", "update_actor")])
-    crowded = render.stage_colors([("actor", s) for s in ("generate_sequences", "compute_values", "update_actor")])
+    alone = picture.stage_colors([("actor", "update_actor")])
+    crowded = picture.stage_colors([("actor", s) for s in ("generate_sequences", "compute_values", "update_actor")])
     assert alone[("actor", "update_actor")] == crowded[("actor", "update_actor")]
     assert (
-        render.stage_colors([("actor", "update-actor")])[("actor", "update-actor")] == alone[("actor", "update_actor")]
+        picture.stage_colors([("actor", "update-actor")])[("actor", "update-actor")] == alone[("actor", "update_actor")]
     )
-    reversed_order = render.stage_colors(reversed(list(crowded)))
+    reversed_order = picture.stage_colors(reversed(list(crowded)))
     assert reversed_order == crowded  # not from the order the stages come in
 
 
 def test_stages_of_one_report_get_distinct_colours() -> None:
     names = [("actor", f"stage_{i}") for i in range(16)]
-    assert len(set(render.stage_colors(names).values())) == 16  # the palette holds sixteen
-    both_roles = render.stage_colors([("actor", "compute_log_prob"), ("ref", "compute_log_prob")])
+    assert len(set(picture.stage_colors(names).values())) == 16  # the palette holds sixteen
+    both_roles = picture.stage_colors([("actor", "compute_log_prob"), ("ref", "compute_log_prob")])
     assert len(set(both_roles.values())) == 2
 
 
 def test_the_page_shows_each_stage_in_its_picture_colour(one_host: Report, tmp_path: Path) -> None:
-    page = one_host.write_html(tmp_path / "a.html").read_text(encoding="utf-8")
-    colors = render.stage_colors((s.role, s.stage) for s in one_host.stages)
+    page = write_html(one_host, tmp_path / "a.html").read_text(encoding="utf-8")
+    colors = picture.stage_colors((s.role, s.stage) for s in one_host.stages)
     for (_, stage), color in colors.items():
         assert re.search(rf'background:{color}"></span>{stage}', page), stage
 
@@ -240,9 +243,9 @@ def test_a_planted_symlink_is_refused_and_its_target_untouched(one_rank: Report,
     victim.write_text("precious", encoding="utf-8")
     link = tmp_path / f"out.{kind}"
     link.symlink_to(victim)
-    write = one_rank.write_png if kind == "png" else one_rank.write_html
-    with pytest.raises(render.UnsafeDestinationError, match="a symlink"):
-        write(link)
+    write = write_png if kind == "png" else write_html
+    with pytest.raises(UnsafeDestinationError, match="a symlink"):
+        write(one_rank, link)
     assert victim.read_text(encoding="utf-8") == "precious"
     assert link.is_symlink()
     assert sorted(p.name for p in tmp_path.iterdir()) == [f"out.{kind}", "victim.txt"]  # no temporary left
@@ -268,14 +271,14 @@ def test_a_fifo_or_directory_destination_is_refused_without_blocking(one_rank: R
     fifo = tmp_path / "pipe.png"
     os.mkfifo(fifo)
     done: list[BaseException] = []
-    writer = threading.Thread(target=lambda: _catch(done, lambda: one_rank.write_png(fifo)), daemon=True)
+    writer = threading.Thread(target=lambda: _catch(done, lambda: write_png(one_rank, fifo)), daemon=True)
     writer.start()
     writer.join(60)  # guards against a hang only: opening a FIFO for writing would block for ever
     assert not writer.is_alive()
-    assert isinstance(done[0], render.UnsafeDestinationError) and "a FIFO" in str(done[0])
+    assert isinstance(done[0], UnsafeDestinationError) and "a FIFO" in str(done[0])
     (tmp_path / "dir.html").mkdir()
-    with pytest.raises(render.UnsafeDestinationError, match="a directory"):
-        one_rank.write_html(tmp_path / "dir.html")
+    with pytest.raises(UnsafeDestinationError, match="a directory"):
+        write_html(one_rank, tmp_path / "dir.html")
 
 
 def _catch(into: list[BaseException], call: Callable[[], Any]) -> None:
@@ -291,7 +294,7 @@ def test_an_old_file_is_replaced_whole(one_rank: Report, tmp_path: Path) -> None
     old_inode = target.stat().st_ino
     hard = tmp_path / "hard-link-to-old.png"
     os.link(target, hard)
-    one_rank.write_png(target)
+    write_png(one_rank, target)
     assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert target.stat().st_ino != old_inode  # a new file renamed over the name, not written through it
     assert hard.read_bytes().startswith(b"old picture")  # another name of the old file keeps its bytes
@@ -301,5 +304,5 @@ def test_an_old_file_is_replaced_whole(one_rank: Report, tmp_path: Path) -> None
 def test_a_write_that_fails_leaves_no_temporary(tmp_path: Path) -> None:
     target = tmp_path / "missing-folder" / "a.png"
     with pytest.raises(FileNotFoundError):
-        render.write_new_file(target, b"x")
+        write_new_file(target, b"x")
     assert list(tmp_path.iterdir()) == []

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from instrument import cli
-from instrument.analyze import Report, analyze
+from instrument.analyze import Report, analyze, render_text
 
 WORLD = 3
 STRAGGLER = 2
@@ -206,5 +206,5 @@ def test_real_profiler_traces_of_gloo_ranks_name_the_straggler(tmp_path: Path) -
 
 
 def test_the_table_says_stragglers_are_judged_by_work(tmp_path: Path) -> None:
-    text = analyze(_torch_set(tmp_path / "torch"), jobs=1).render_text(width=200)
+    text = render_text(analyze(_torch_set(tmp_path / "torch"), jobs=1), width=200)
     assert "judged by work" in text and "not the waiters" in " ".join(text.split())

@@ -1,4 +1,4 @@
-"""The standard-library event reader (``instrument.analyze._stream``) and its fallback to ijson."""
+"""The standard-library event reader (``instrument.analyze.traces._stream``) and its fallback to ijson."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from instrument.analyze import _reader, _stream
-from instrument.analyze._names import TraceFile
+from instrument.analyze import TraceFile
+from instrument.analyze.traces import _reader, _stream
 
 
 def _trace(events: int = 40) -> dict[str, Any]:

@@ -28,9 +28,10 @@ from hypothesis import strategies as st
 
 from instrument import cli
 from instrument.analyze import Report, analyze
-from instrument.analyze import _reader as reader
-from instrument.analyze import _safe_io as safe_io
-from instrument.analyze._steps import Ranges
+from instrument.analyze.traces import _reader as reader
+from instrument.analyze.traces import _safe_io as safe_io
+from instrument.analyze.traces._discover import discover
+from instrument.analyze.traces._steps import Ranges
 from instrument.manifest import MAX_LINE_BYTES, read_manifests
 from tests.analyze.test_analyze import _run_ranks
 
@@ -197,7 +198,7 @@ def test_fifos_named_like_a_manifest_or_a_trace_never_block(save: Path) -> None:
 
 
 def test_a_trace_swapped_for_a_fifo_after_listing_does_not_block(save: Path) -> None:
-    found, skipped = reader.discover(save)
+    found, skipped = discover(save)
     assert not skipped
     victim = found[0]
     Path(victim.path).unlink()

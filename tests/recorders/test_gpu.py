@@ -24,7 +24,7 @@ torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
 from instrument import cli  # noqa: E402
-from instrument.analyze import analyze  # noqa: E402
+from instrument.analyze import analyze, render_text  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
 from tests.conftest import load_trace  # noqa: E402
 
@@ -155,7 +155,7 @@ def test_analyze_shows_gpu_ms_and_the_gpu_table(tmp_path: Path) -> None:
     _run(save, steps=(1,), contents=("cpu", "cuda"))
     report = analyze(save, jobs=1)
     assert report.ok and report.gpu
-    text = report.render_text()
+    text = render_text(report)
     assert "gpu ms" in text and "GPU time per rank" in text
 
 

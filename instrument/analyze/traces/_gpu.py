@@ -75,6 +75,7 @@ class GpuTimes:
 
     @property
     def span_us(self) -> float:
+        """First GPU event start to last GPU event end."""
         return self.last - self.first
 
     def add(self, other: GpuTimes) -> None:

@@ -14,9 +14,9 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from instrument.analyze._gpu import GpuAccumulator, is_profiler_step
-from instrument.analyze._names import label_key
-from instrument.analyze._steps import (
+from instrument.analyze._model import label_key
+from instrument.analyze.traces._gpu import GpuAccumulator, is_profiler_step
+from instrument.analyze.traces._steps import (
     COLLECTIVE,
     EXECUTE,
     Marker,
@@ -102,6 +102,7 @@ class Scanner:
         return kind
 
     def feed(self, events: Iterable[Any]) -> None:  # noqa: PLR0915 - one hot loop, inline for speed
+        """Take the file's events (dicts), in the order the file holds them."""
         kinds = self.kinds
         cpu = self.cpu
         inside = self.inside
@@ -177,6 +178,7 @@ class Scanner:
         self.kernel_us, self.kernels = kernel_us, kernels
 
     def finish(self) -> list[Segment]:
+        """The file's segments: one per stage (and step) it holds, with their numbers."""
         if self.continuous or self.inside:
             picked, rest = pick_stages(self.markers, self.steps if self.inside else [], self.wanted, label_key)
             for _, start, end, pid, tid, cat in rest:  # the user's own ranges inside a stage: ordinary again

@@ -1,27 +1,29 @@
-"""The picture of a :class:`~instrument.analyze.Report`: (a) stage time per rank, (b) the per-step
-breakdown of stages, (c) when the traces hold GPU work, GPU time per rank.
+"""The picture of a :class:`~instrument.analyze.Report` (:func:`write_png`): (a) stage time per rank,
+(b) the per-step breakdown of stages, (c) when the traces hold GPU work, GPU time per rank.
 
 matplotlib's object API (``Figure`` + Agg canvas), never ``pyplot``: no display needed and the caller's
 backend untouched; matplotlib is imported only when a picture is drawn. A stage keeps its colour from
 one report to the next: it comes from a hash of its name (:func:`stage_colors`), not from its place in
-the sort.
+the sort. The PNG is written whole, never through a symlink or into a FIFO
+(:func:`~._destination.write_new_file`).
 """
 
 from __future__ import annotations
 
 import io
 import math
+import os
 import statistics
 import zlib
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
-from instrument.analyze._words import ms
+from instrument.analyze._model import Report, label_key
+from instrument.analyze.render._destination import write_new_file
+from instrument.analyze.render._words import ms
 
-if TYPE_CHECKING:
-    from instrument.analyze._report import Report
-
-__all__ = ["png_bytes", "stage_colors"]
+__all__ = ["gpu_parts", "png_bytes", "stage_colors", "write_png"]
 
 _MAX_HEATMAP_ROWS = 40
 
@@ -31,25 +33,16 @@ _PALETTE = (
 )  # fmt: skip
 
 
-def _key(label: str) -> str:
-    """How file names write a label: ``update_actor`` and ``update-actor`` get one colour."""
-    from instrument import naming
-
-    try:
-        return naming.sanitize_label(label)
-    except (TypeError, ValueError):
-        return label
-
-
 def stage_colors(series: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
     """A colour per (role, stage): the palette entry the stage's name hashes to (crc32 of its label key,
-    so the same in every process and every report). Of two series of one report that hash alike, the
-    later by name takes the next free entry; past sixteen stages colours repeat."""
+    so the same in every process and every report, and ``update_actor`` and ``update-actor`` get one).
+    Of two series of one report that hash alike, the later by name takes the next free entry; past
+    sixteen stages colours repeat."""
     colors: dict[tuple[str, str], str] = {}
     taken: set[int] = set()
     size = len(_PALETTE)
-    for role, stage in sorted(set(series), key=lambda k: (_key(k[1]), _key(k[0]), k)):
-        start = zlib.crc32(_key(stage).encode("utf-8")) % size
+    for role, stage in sorted(set(series), key=lambda k: (label_key(k[1]), label_key(k[0]), k)):
+        start = zlib.crc32(label_key(stage).encode("utf-8")) % size
         slot = next(((start + i) % size for i in range(size) if (start + i) % size not in taken), start)
         taken.add(slot)
         colors[(role, stage)] = _PALETTE[slot]
@@ -215,6 +208,11 @@ def png_bytes(report: Report) -> bytes:
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
     return buffer.getvalue()
+
+
+def write_png(report: Report, path: str | os.PathLike[str]) -> Path:
+    """Write the picture to ``path`` (:func:`~._destination.write_new_file`); needs matplotlib."""
+    return write_new_file(path, png_bytes(report))
 
 
 # (c): compute, exposed communication, the rest of the busy time and idle add up to the span exactly.

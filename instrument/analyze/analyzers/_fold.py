@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from instrument.analyze._gpu import GpuTimes
-from instrument.analyze._reader import FileScan, TraceFile, label_key, meta_label
-from instrument.analyze._stats import US_PER_MS, RankStats
+from instrument.analyze._model import RankStats, TraceFile, label_key
+from instrument.analyze.analyzers._stats import US_PER_MS
+from instrument.analyze.traces._gpu import GpuTimes
+from instrument.analyze.traces._reader import FileScan, meta_label
 
 __all__ = ["Filters", "Fold"]
 
@@ -38,11 +39,14 @@ class _Cell:
 
 @dataclass(frozen=True)
 class Filters:
+    """What ``--ranks``, ``--steps`` and ``--stage`` keep (``None``: everything); stages as label keys."""
+
     ranks: frozenset[int] | None
     steps: frozenset[int] | None
     stages: frozenset[str] | None
 
     def keeps(self, trace: TraceFile) -> bool:
+        """Whether ``trace`` is read at all (a file holding several steps or stages is filtered by segment)."""
         if self.ranks is not None and (trace.rank is None or trace.rank not in self.ranks):
             return False
         if self.steps is not None and not trace.inside and trace.step not in self.steps:
@@ -51,6 +55,7 @@ class Filters:
         return self.stages is None or trace.continuous or trace.inside or label_key(trace.stage) in self.stages
 
     def keeps_stage(self, stage: str) -> bool:
+        """Whether a segment of this stage counts."""
         return self.stages is None or label_key(stage) in self.stages
 
 
@@ -68,6 +73,7 @@ class Fold:
         self.gpu: dict[tuple[int, int], tuple[int | None, int | None, GpuTimes]] = {}
 
     def add(self, trace: TraceFile, scan: FileScan) -> None:
+        """Add one file's segments and GPU rows to its cells."""
         self._add_gpu(trace, scan)
         self.files += 1
         self.bytes += scan.bytes

@@ -1,10 +1,5 @@
-"""Finding trace files in a ``save_path`` and reading each one in a single streaming pass.
-
-Discovery (:func:`discover`) takes the manifests first (every ``instrument-manifest-*.jsonl``),
-then every other ``.json`` / ``.json.gz`` file by its name: SDK names (:func:`parse_trace_name`),
-relocated vLLM engine and frontend traces (``{role}_engine_step{S}_rank{g}-of-{W}_replica{r}_…``,
-``{role}_frontend_step{S}_replica{r}_…``), plain vLLM / SGLang worker names
-(:func:`engine_trace_local_rank`), and last the trace's own ``distributedInfo.rank``.
+"""Reading one trace file in a single streaming pass: its header (:func:`read_header`) and its numbers
+(:func:`scan_file`).
 
 Reading (:func:`scan_file`) streams ``traceEvents`` with ``ijson`` (its C backend) and keeps,
 per file, only what the numbers need: counters, the few stage and mini-batch ranges, and the
@@ -14,6 +9,7 @@ garbage collector paused), which is faster for small files and still bounded by 
 Memory is therefore bounded by the largest single file, never by the total.
 
 Only regular files are opened; decoded bytes pass a guard (depth, size: :mod:`._safe_io`).
+Which files there are, and who wrote them, is :mod:`._discover`'s part.
 
 Standard library only at import time; ``ijson`` / ``orjson`` are imported when a file is read.
 """
@@ -30,118 +26,30 @@ import os
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from instrument import naming
-from instrument.analyze import _safe_io, _stream
-from instrument.analyze._gpu import GpuRow
-from instrument.analyze._names import (
-    TRACE_SUFFIXES,
-    TraceFile,
-    complete_dp_ranks,
-    from_name,
-    is_trace_name,
-    label_key,
-)
-from instrument.analyze._safe_io import GuardedReader, TraceError
-from instrument.analyze._scanner import Scanner
-from instrument.analyze._steps import Segment
-from instrument.manifest import read_manifests
+from instrument.analyze._model import TraceFile
+from instrument.analyze.traces import _safe_io, _stream
+from instrument.analyze.traces._gpu import GpuRow
+from instrument.analyze.traces._safe_io import GuardedReader, TraceError
+from instrument.analyze.traces._scanner import Scanner
+from instrument.analyze.traces._steps import Segment
 
 __all__ = [
     "SMALL_FILE_BYTES",
     "FileScan",
     "Segment",
-    "Skipped",
     "TraceError",
-    "TraceFile",
-    "discover",
-    "label_key",
+    "meta_label",
     "read_header",
     "scan_file",
+    "with_rank_from_header",
 ]
 
 SMALL_FILE_BYTES = 16 << 20
 """Uncompressed size under which a file is decoded whole (with orjson, when it is installed)."""
 
-CONTINUOUS = naming.CONTINUOUS_STAGE
 _READ_CHUNK = 1 << 20
-
-
-@dataclass(frozen=True)
-class Skipped:
-    """A file left out of the analysis, and why."""
-
-    path: str
-    reason: str
-
-
-def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[Skipped]]:
-    """Every trace file of ``directory`` (manifest records first, then names), sorted by path.
-
-    Files whose rank the name does not give come back with ``rank=None`` and ``source="trace"``:
-    :func:`read_header` reads it from the trace.  Entries named like a trace or manifest that are no
-    regular file, and bad manifest lines, come back :class:`Skipped`.  Raises ``OSError`` when the
-    directory cannot be listed, ``ValueError`` for a bad ``$INSTRUMENT_ANALYZE_MAX_BYTES``.
-    """
-    root = Path(directory)
-    _safe_io.max_decoded_bytes()  # a bad override fails the run here, not once per file
-    on_disk: dict[str, Path] = {}
-    skipped: list[Skipped] = []
-    named: set[str] = set()  # reported once: not again as "listed in a manifest"
-    with os.scandir(root) as listing:
-        for name in (item.name for item in listing if is_trace_name(item.name)):
-            problem = _safe_io.entry_problem(str(root / name))  # manifests: read_manifests checks them
-            if problem is None:
-                on_disk[name] = root / name
-            else:
-                skipped.append(Skipped(str(root / name), problem))
-                named.add(name)
-    found: dict[str, TraceFile] = {}
-    for record in read_manifests(root, on_skip=lambda path, reason: skipped.append(Skipped(path, reason))):
-        # By name: relative to save_path, or (older manifests) absolute, maybe from another machine
-        name = os.path.basename(record.path)
-        if not name.endswith(TRACE_SUFFIXES):
-            continue  # an nsys report or another file we cannot read
-        if name not in on_disk:
-            if name not in named:
-                named.add(name)
-                skipped.append(Skipped(str(root / name), "listed in a manifest but not in the directory"))
-            continue
-        if record.rank < 0:
-            continue  # relocated with an unknown rank: the name decides below
-        found.setdefault(
-            name,
-            TraceFile(
-                path=str(on_disk[name]),
-                role=record.role,
-                stage=record.stage,
-                step=record.step,
-                rank=record.rank,
-                world=record.world_size,
-                window=record.window,
-                partial=record.partial,
-                tool=record.tool,
-            ),
-        )
-    for name, entry in on_disk.items():
-        if name in found:
-            continue
-        by_name = from_name(entry)
-        if by_name is None:
-            by_name = TraceFile(
-                path=str(entry),
-                role="unknown",
-                stage="trace",
-                step=0,
-                rank=None,
-                world=None,
-                source="trace",
-                inside=True,
-            )
-        found[name] = by_name
-    return complete_dp_ranks(sorted(found.values(), key=lambda f: f.path)), skipped
 
 
 # --------------------------------------------------------------------------- opening
@@ -342,7 +250,7 @@ def with_rank_from_header(trace: TraceFile, header: dict[str, Any]) -> TraceFile
     if not isinstance(rank, int) or isinstance(rank, bool) or rank < 0:
         return None
     world = info.get("world_size") if isinstance(info, dict) else None
-    changes: dict[str, Any] = {"rank": rank, "world": world if isinstance(world, int) else None}
+    changes: dict[str, Any] = {"rank": rank, "world_size": world if isinstance(world, int) else None}
     if isinstance(meta, dict):
         for key in ("role", "stage"):
             if (label := meta_label(meta, key)) is not None:

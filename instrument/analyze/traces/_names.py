@@ -17,19 +17,19 @@ Forms, tried in this order (:func:`from_name`):
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 from instrument import naming
+from instrument.analyze._model import TraceFile
 from instrument.ranks import engine_trace_local_rank
 
 __all__ = [
     "TRACE_SUFFIXES",
-    "TraceFile",
+    "WHOLE_TRACE",
     "complete_dp_ranks",
     "from_name",
     "is_trace_name",
-    "label_key",
     "vllm_dp_rank",
     "worker_label",
 ]
@@ -52,59 +52,6 @@ _VLLM_DP = re.compile(
 # vLLM's API-server trace before relocation: "[{prefix}_]{host}_{pid}.async_llm.{ns}.pt.trace.json[.gz]"
 _VLLM_FRONTEND = re.compile(r"(?P<who>.*_(?P<pid>\d+))\.async_llm\.\d+\.pt\.trace\.json(?:\.gz)?\Z")
 _TORCH_DEFAULT = re.compile(r"(?P<worker>.+)\.\d+\.pt\.trace\.json(?:\.gz)?\Z")
-
-
-@dataclass(frozen=True)
-class TraceFile:
-    """One trace file and who wrote it."""
-
-    path: str
-    role: str
-    stage: str
-    step: int  # 0 when the name carries no step (plain engine traces)
-    rank: int | None  # global rank; None for a frontend (see replica) or before the header is read
-    world: int | None
-    window: tuple[int, int] | None = None
-    partial: bool = False
-    tool: str = "torch"
-    replica: int | None = None
-    source: str = "manifest"  # manifest | name | engine | trace
-    inside: bool = False
-    """Steps (``ProfilerStep#N``) and stages (user annotations) are found inside the file."""
-    worker: str | None = None
-    """A label for a file no one gives a rank (the file's name): analysed all the same."""
-
-    @property
-    def continuous(self) -> bool:
-        """A continuous-mode trace: one file per step holding every stage as a range."""
-        return self.stage == naming.CONTINUOUS_STAGE
-
-    def key(self) -> tuple[int, str, str, str, int | str, tuple[int, int] | None]:
-        """What two files must not share: step, role, stage, rank (or replica, or worker), window."""
-        who: str
-        number: int | str | None
-        if self.rank is not None:
-            who, number = "rank", self.rank
-        elif self.worker is not None:
-            who, number = "worker", self.worker
-        else:
-            who, number = "replica", self.replica
-        return (
-            self.step,
-            label_key(self.role),
-            label_key(self.stage),
-            who,
-            -1 if number is None else number,
-            self.window,
-        )
-
-
-def label_key(label: str) -> str:
-    """The form two labels are compared in: ``update_actor`` and ``update-actor`` are one stage."""
-    try:
-        return naming.sanitize_label(label)
-    except (TypeError, ValueError):
-        return str(label)
 
 
 def is_trace_name(name: str) -> bool:
@@ -160,7 +107,7 @@ def _sdk(path: Path) -> TraceFile | None:
             stage=parsed.stage,
             step=parsed.step,
             rank=parsed.rank,
-            world=parsed.world_size,
+            world_size=parsed.world_size,
             window=parsed.window,
             partial=parsed.partial,
             source="name",
@@ -173,7 +120,7 @@ def _sdk(path: Path) -> TraceFile | None:
             stage="engine",
             step=int(match["step"]),
             rank=None if match["rank"] is None else int(match["rank"]),
-            world=int(match["world"]),
+            world_size=int(match["world"]),
             tool="vllm",
             replica=int(match["replica"]),
             source="engine",
@@ -186,7 +133,7 @@ def _sdk(path: Path) -> TraceFile | None:
             stage="frontend",
             step=int(match["step"]),
             rank=None,
-            world=None,
+            world_size=None,
             tool="vllm",
             replica=int(match["replica"]),
             source="engine",
@@ -205,7 +152,7 @@ def _verl(path: Path) -> TraceFile | None:
         stage=stage or WHOLE_TRACE,
         step=int(match["step"]),
         rank=int(match["rank"]),
-        world=int(match["world"]),
+        world_size=int(match["world"]),
         source="name",
         inside=stage is None,  # a whole step: its stages are the annotations inside
     )
@@ -224,7 +171,7 @@ def _engine(path: Path) -> TraceFile | None:
         stage="engine",
         step=int(step[1]) if step else 0,
         rank=local,
-        world=None,
+        world_size=None,
         tool="sglang" if "-TP-" in name else "vllm",
         source="engine",
         # dp > 0: the place in the replica needs the ranks per dp rank, counted over the directory

@@ -110,6 +110,7 @@ class Ranges:
     ends: array[float] = field(default_factory=lambda: array("d"))
 
     def add(self, start: float, end: float) -> None:
+        """Keep one range."""
         self.starts.append(start)
         self.ends.append(end)
 

@@ -6,12 +6,14 @@ __all__ = ["ms", "pct", "plural", "size"]
 
 
 def ms(value: float | None) -> str:
+    """Milliseconds as the tables write them: two decimals under 10 (``3.83``), else one (``1,234.5``); ``-``: none."""
     if value is None:
         return "-"
     return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
 
 
 def size(count: int) -> str:
+    """Bytes in kB or MB (decimal): ``12.3 kB``, ``4.5 MB``."""
     return f"{count / 1e6:,.1f} MB" if count >= 100_000 else f"{count / 1e3:,.1f} kB"  # not "0.0 MB"
 
 

@@ -17,26 +17,15 @@ import io
 import os
 import pickle
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from instrument import naming
-from instrument.analyze import _safe_io
-from instrument.analyze._names import label_key
-from instrument.analyze._words import size as _size
+from instrument.analyze._model import MemoryFile, label_key
+from instrument.analyze.traces import _safe_io
 from instrument.naming import parse_trace_name
 
-__all__ = [
-    "HOW_TO_OPEN",
-    "MEMORY_HEADERS",
-    "MEMORY_VIZ",
-    "READ_MAX_BYTES",
-    "MemoryFile",
-    "find_memory_files",
-    "memory_rows",
-    "peak_allocated",
-]
+__all__ = ["READ_BUDGET_BYTES", "READ_MAX_BYTES", "find_memory_files", "peak_allocated"]
 
 READ_MAX_BYTES = 16 << 20
 """Snapshots up to this size are read for their peak; larger ones are only listed (memory_viz reads them)."""
@@ -44,35 +33,8 @@ READ_MAX_BYTES = 16 << 20
 READ_BUDGET_BYTES = 256 << 20
 """All snapshots read for peaks together: at thousands of ranks the rest are listed without one."""
 
-MEMORY_VIZ = "https://pytorch.org/memory_viz"
-HOW_TO_OPEN = (
-    f"open a .pickle in PyTorch's memory viewer, {MEMORY_VIZ} (drag it in; it runs in the browser), or run "
-    "`python -m torch.cuda._memory_viz trace_plot FILE -o FILE.html`; a .memory-timeline.html opens in any browser"
-)
-
 _SNAPSHOT = naming.SNAPSHOT_SUFFIX
 _TIMELINE = naming.MEMORY_TIMELINE_SUFFIX
-
-
-@dataclass(frozen=True)
-class MemoryFile:
-    """One memory file: what its name says, its size and (snapshots read here) peak allocated bytes."""
-
-    path: str
-    kind: str  # "snapshot" | "oom snapshot" | "timeline"
-    role: str
-    stage: str
-    step: int
-    rank: int
-    window: tuple[int, int] | None
-    bytes: int
-    peak_allocated: int | None = None
-    note: str = ""  # why no peak: too large to read here, not a snapshot
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["window"] = None if self.window is None else list(self.window)
-        return data
 
 
 class _PlainUnpickler(pickle.Unpickler):
@@ -177,20 +139,3 @@ def find_memory_files(
             MemoryFile(path, kind, parsed.role, stage, parsed.step, parsed.rank, parsed.window, size, peak, note)
         )
     return found
-
-
-MEMORY_HEADERS = ("kind", "role", "stage", "step", "rank", "window", "size", "peak allocated", "file")
-
-
-def memory_rows(files: Iterable[MemoryFile]) -> list[tuple[str, ...]]:
-    """The rows ``instrument analyze`` shows for memory files (:data:`MEMORY_HEADERS`)."""
-    rows: list[tuple[str, ...]] = []
-    for f in files:
-        window = (
-            "" if f.window is None else f"mb{f.window[0]}" + ("" if f.window[0] == f.window[1] else f"-{f.window[1]}")
-        )
-        peak = _size(f.peak_allocated) if f.peak_allocated is not None else (f.note or "-")
-        rows.append(
-            (f.kind, f.role, f.stage, str(f.step), str(f.rank), window, _size(f.bytes), peak, Path(f.path).name)
-        )
-    return rows

@@ -94,6 +94,7 @@ class _Text:
             self.more()
 
     def expect(self, char: str) -> None:
+        """Step over ``char``; :class:`UnfollowedError` when the text holds another."""
         if self.char() != char:
             raise UnfollowedError(f"expected {char!r}")
         self.at += 1

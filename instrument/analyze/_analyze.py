@@ -1,127 +1,36 @@
-"""From trace files to numbers: per step x role x stage x rank, then across ranks.
+"""From a directory to a :class:`~instrument.analyze.Report`: :func:`analyze`.
 
-:func:`analyze` finds the files (:func:`instrument.analyze._reader.discover`), applies the
-filters, drops duplicates, reads every file once (in worker processes when the set is large)
-and folds the per-file segments (:mod:`._fold`) into :class:`RankStats` and :class:`StageStats`
-(:mod:`._stats`).
+It finds the files (:func:`~instrument.analyze.traces._discover.discover`), applies the filters,
+drops duplicates, reads every file once (in worker processes when the set is large, or as Ray tasks:
+:mod:`._ray`) and folds the per-file segments (:mod:`.analyzers._fold`) into
+:class:`~instrument.analyze.RankStats` and :class:`~instrument.analyze.StageStats`
+(:mod:`.analyzers._stats`).
 """
 
 from __future__ import annotations
 
 import functools
-import json
 import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from instrument.analyze._fold import Filters, Fold
-from instrument.analyze._names import worker_label
-from instrument.analyze._reader import (
-    FileScan,
-    Skipped,
-    TraceError,
-    TraceFile,
-    discover,
-    label_key,
-    read_header,
-    scan_file,
-    with_rank_from_header,
-)
-from instrument.analyze._snapshots import MemoryFile, find_memory_files
-from instrument.analyze._stats import RankStats, StageStats, across
+from instrument.analyze._model import MemoryFile, Report, Skipped, TraceFile, label_key
+from instrument.analyze._ray import scan_on_ray
+from instrument.analyze.analyzers._fold import Filters, Fold
+from instrument.analyze.analyzers._snapshots import find_memory_files
+from instrument.analyze.analyzers._stats import across
+from instrument.analyze.traces._discover import discover
+from instrument.analyze.traces._names import worker_label
+from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
 
-__all__ = ["CLOCK_CAVEAT", "PARALLEL_MIN_BYTES", "RankStats", "Report", "StageStats", "analyze"]
-
-CLOCK_CAVEAT = "Clocks of different hosts are not aligned: ranks are compared by durations only, never by timestamps."
+__all__ = ["PARALLEL_MIN_BYTES", "ReadProgress", "analyze"]
 
 PARALLEL_MIN_BYTES = 16 << 20
 """Files on disk (all together) from which they are read in worker processes."""
-
-
-@dataclass(frozen=True)
-class Report:
-    """The analysis of one directory; :meth:`to_dict` is what ``--json`` prints."""
-
-    directory: str
-    stages: tuple[StageStats, ...]
-    """Sorted by straggler ratio, worst first."""
-    skipped: tuple[Skipped, ...]
-    files: int
-    """Trace files read."""
-    bytes: int
-    events: int
-    elapsed_s: float
-    jobs: int
-    caveat: str = CLOCK_CAVEAT
-    gpu: tuple[dict[str, Any], ...] = ()
-    """GPU time per rank: the whole trace (``step`` None), then each ``ProfilerStep`` (:mod:`._gpu`)."""
-    memory: tuple[MemoryFile, ...] = ()
-    """CUDA memory snapshots and CPU memory timelines beside the traces (:mod:`._snapshots`)."""
-
-    @property
-    def ok(self) -> bool:
-        """Whether every file could be read."""
-        return not self.skipped
-
-    @property
-    def steps(self) -> tuple[int, ...]:
-        """Steps seen."""
-        return tuple(sorted({s.step for s in self.stages}))
-
-    @property
-    def ranks(self) -> tuple[int, ...]:
-        """Global ranks seen."""
-        return tuple(sorted({r.rank for s in self.stages for r in s.ranks if r.rank is not None}))
-
-    @property
-    def roles(self) -> tuple[str, ...]:
-        """Roles seen."""
-        return tuple(sorted({s.role for s in self.stages}))
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready dict."""
-        return {
-            "directory": self.directory,
-            "files": self.files,
-            "bytes": self.bytes,
-            "events": self.events,
-            "elapsed_s": round(self.elapsed_s, 3),
-            "jobs": self.jobs,
-            "steps": list(self.steps),
-            "ranks": list(self.ranks),
-            "roles": list(self.roles),
-            "caveat": self.caveat,
-            "stages": [s.to_dict() for s in self.stages],
-            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
-            "gpu": list(self.gpu),
-            "memory": [m.to_dict() for m in self.memory],
-        }
-
-    def to_json(self, indent: int | None = 2) -> str:
-        """:meth:`to_dict` as JSON text."""
-        return json.dumps(self.to_dict(), indent=indent)
-
-    def render_text(self, *, width: int | None = None, color: bool = False) -> str:
-        """The terminal table (``rich``; plain text without it)."""
-        from instrument.analyze import _render
-
-        return _render.render_text(self, width=width, color=color)
-
-    def write_png(self, path: str | os.PathLike[str]) -> Path:
-        """The picture: stage time per rank and a per-step stacked breakdown (needs matplotlib)."""
-        from instrument.analyze import _render
-
-        return _render.write_png(self, path)
-
-    def write_html(self, path: str | os.PathLike[str]) -> Path:
-        """One self-contained page with the table and the picture (needs matplotlib)."""
-        from instrument.analyze import _render
-
-        return _render.write_html(self, path)
 
 
 # --------------------------------------------------------------------------- analysis
@@ -233,7 +142,7 @@ def analyze(
     ``progress`` (a :class:`ReadProgress`) hears when reading begins and as each file is done.
 
     ``ray``: read the files as Ray tasks instead, on the cluster at this address (``True``: Ray's own
-    choice, see :func:`instrument.analyze._ray.scan_on_ray`); every node must see ``path`` at the same
+    choice, see :func:`~instrument.analyze._ray.scan_on_ray`); every node must see ``path`` at the same
     place. The report is the same; ``jobs`` is then the cluster's CPUs. See ``docs/scale.md``.
 
     Files that cannot be read are listed in :attr:`Report.skipped` with the reason; raises
@@ -268,8 +177,7 @@ def analyze(
     fold = Fold(filters)
     results: Iterable[FileScan | Skipped]
     if ray is not None and ray is not False:
-        from instrument.analyze._ray import scan_on_ray  # imports ray itself only when called
-
+        # scan_on_ray imports ray itself only when called: a local run never loads it
         results, jobs = scan_on_ray(unique, filters.stages, progress, [_size(t.path) for t in unique], ray)
     else:
         results = _scan_all(unique, jobs, filters.stages, progress)

@@ -1,0 +1,322 @@
+"""The values an analysis is made of: who wrote a file (:class:`TraceFile`), what was left out
+(:class:`Skipped`), one rank's stage (:class:`RankStats`), a stage across ranks (:class:`StageStats`),
+a memory file (:class:`MemoryFile`) and the whole result (:class:`Report`).
+
+Plain values at the bottom of the package: reading (:mod:`.traces`) makes the files, the analyzers
+(:mod:`.analyzers`) the numbers, and the renderers (:mod:`.render`) take a :class:`Report`; nothing
+here imports any of them, so a result never depends on how it is shown.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from instrument import naming
+
+__all__ = [
+    "CLOCK_CAVEAT",
+    "MemoryFile",
+    "RankStats",
+    "Report",
+    "Skipped",
+    "StageStats",
+    "TraceFile",
+    "label_key",
+]
+
+CLOCK_CAVEAT = "Clocks of different hosts are not aligned: ranks are compared by durations only, never by timestamps."
+
+
+def label_key(label: str) -> str:
+    """The form two labels are compared in: ``update_actor`` and ``update-actor`` are one stage."""
+    try:
+        return naming.sanitize_label(label)
+    except (TypeError, ValueError):
+        return str(label)
+
+
+# --------------------------------------------------------------------------- files
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A file left out of the analysis, and why."""
+
+    path: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class TraceFile:
+    """One trace file and who wrote it."""
+
+    path: str
+    role: str
+    stage: str
+    step: int  # 0 when the name carries no step (plain engine traces)
+    rank: int | None  # global rank; None for a frontend (see replica) or before the header is read
+    world_size: int | None
+    window: tuple[int, int] | None = None
+    partial: bool = False
+    tool: str = "torch"
+    replica: int | None = None
+    source: str = "manifest"  # manifest | name | engine | trace
+    inside: bool = False
+    """Steps (``ProfilerStep#N``) and stages (user annotations) are found inside the file."""
+    worker: str | None = None
+    """A label for a file no one gives a rank (the file's name): analysed all the same."""
+
+    @property
+    def continuous(self) -> bool:
+        """A continuous-mode trace: one file per step holding every stage as a range."""
+        return self.stage == naming.CONTINUOUS_STAGE
+
+    def key(self) -> tuple[int, str, str, str, int | str, tuple[int, int] | None]:
+        """What two files must not share: step, role, stage, rank (or replica, or worker), window."""
+        who: str
+        number: int | str | None
+        if self.rank is not None:
+            who, number = "rank", self.rank
+        elif self.worker is not None:
+            who, number = "worker", self.worker
+        else:
+            who, number = "replica", self.replica
+        return (
+            self.step,
+            label_key(self.role),
+            label_key(self.stage),
+            who,
+            -1 if number is None else number,
+            self.window,
+        )
+
+
+@dataclass(frozen=True)
+class MemoryFile:
+    """One memory file: what its name says, its size and (snapshots read here) peak allocated bytes."""
+
+    path: str
+    kind: str  # "snapshot" | "oom snapshot" | "timeline"
+    role: str
+    stage: str
+    step: int
+    rank: int
+    window: tuple[int, int] | None
+    bytes: int
+    peak_allocated: int | None = None
+    note: str = ""  # why no peak: too large to read here, not a snapshot
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        data = asdict(self)
+        data["window"] = None if self.window is None else list(self.window)
+        return data
+
+
+# --------------------------------------------------------------------------- numbers
+
+
+@dataclass(frozen=True)
+class RankStats:
+    """One rank's numbers for one stage of one step (summed over its files: windows of one stage)."""
+
+    step: int
+    role: str
+    stage: str
+    rank: int | None
+    """Global rank; ``None`` for a vLLM frontend trace, which belongs to a replica."""
+    replica: int | None
+    wall_ms: float
+    """Wall time of the stage range; see :attr:`basis`."""
+    basis: str
+    """``stage``: the stage's own range; ``mini_batches``: union of the ``mini_batch{i}`` ranges of
+    window traces; ``span``: first to last event of a trace with neither (engine traces)."""
+    minibatch_ms: float
+    mini_batches: int
+    cpu_ms: float
+    """Time covered by ``cpu_op`` events, nested ops counted once (union per thread, summed over threads)."""
+    kernel_ms: float | None
+    """Sum of ``kernel`` event durations; ``None`` when the trace has no GPU kernels."""
+    kernels: int
+    events: int
+    """Complete (``ph: X``) events."""
+    files: tuple[str, ...]
+    windows: tuple[tuple[int, int], ...]
+    partial: bool
+    worker: str | None = None
+    """For a file no one gives a rank: its name (torch's ``{worker}`` part)."""
+    comm_ms: float = 0.0
+    """Time inside collectives (``c10d::``, ``gloo:``, ``nccl`` ops and kernels) within the stage."""
+    work_ms: float | None = None
+    """What the rank is judged by: wall minus collectives, an engine's execution time; ``None``: the wall time."""
+    iterations: int = 0
+    """Engine iterations (execution ranges) of an engine trace."""
+    tokens: int = 0
+    """Tokens those iterations scheduled, where the engine's range names say (vLLM's do)."""
+
+    @property
+    def label(self) -> str:
+        """``3`` for rank 3, ``replica1`` for a frontend, the file's worker name for a file without a rank."""
+        if self.rank is not None:
+            return str(self.rank)
+        return self.worker if self.worker is not None else f"replica{self.replica}"
+
+    @property
+    def judged_ms(self) -> float:
+        """The rank's work: :attr:`work_ms`, else the wall time."""
+        return self.wall_ms if self.work_ms is None else self.work_ms
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "rank": self.rank,
+            "replica": self.replica,
+            "wall_ms": _r(self.wall_ms),
+            "basis": self.basis,
+            "minibatch_ms": _r(self.minibatch_ms),
+            "mini_batches": self.mini_batches,
+            "cpu_ms": _r(self.cpu_ms),
+            "kernel_ms": None if self.kernel_ms is None else _r(self.kernel_ms),
+            "kernels": self.kernels,
+            "events": self.events,
+            "windows": [list(w) for w in self.windows],
+            "partial": self.partial,
+            "files": list(self.files),
+            "worker": self.worker,
+            "comm_ms": _r(self.comm_ms),
+            "work_ms": _r(self.judged_ms),
+            "iterations": self.iterations,
+            "tokens": self.tokens,
+        }
+
+
+@dataclass(frozen=True)
+class StageStats:
+    """One stage of one step across ranks."""
+
+    step: int
+    role: str
+    stage: str
+    ranks: tuple[RankStats, ...]
+    median_ms: float
+    max_ms: float
+    min_ms: float
+    straggler: str
+    """Label of the slowest rank (argmax of its work, see :attr:`judged_by`; the lowest rank on a tie)."""
+    straggler_rank: int | None
+    ratio: float | None
+    """max / median of the work; ``None`` when the median is 0."""
+    minibatch_ms: float
+    cpu_ms: float
+    kernel_ms: float | None
+    events: float
+    """The last four: medians across ranks."""
+    judged_by: str = "wall"
+    """``wall``: ranks compared by wall time; ``work``: by wall time minus time in collectives (a rank
+    waiting in a barrier for a slow peer is not slow), or an engine's execution time, not its window."""
+    median_work_ms: float = 0.0
+
+    @property
+    def windows(self) -> tuple[tuple[int, int], ...]:
+        """The mini-batch windows the ranks' traces hold (empty: the whole stage)."""
+        return tuple(sorted({w for r in self.ranks for w in r.windows}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "step": self.step,
+            "role": self.role,
+            "stage": self.stage,
+            "windows": [list(w) for w in self.windows],
+            "n_ranks": len(self.ranks),
+            "median_ms": _r(self.median_ms),
+            "max_ms": _r(self.max_ms),
+            "min_ms": _r(self.min_ms),
+            "straggler": self.straggler,
+            "straggler_rank": self.straggler_rank,
+            "straggler_ratio": None if self.ratio is None else round(self.ratio, 4),
+            "straggler_by": self.judged_by,
+            "median_work_ms": _r(self.median_work_ms),
+            "median_minibatch_ms": _r(self.minibatch_ms),
+            "median_cpu_ms": _r(self.cpu_ms),
+            "median_kernel_ms": None if self.kernel_ms is None else _r(self.kernel_ms),
+            "median_events": self.events,
+            "per_rank": [r.to_dict() for r in self.ranks],
+        }
+
+
+def _r(value: float) -> float:
+    return round(value, 3)
+
+
+# --------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True)
+class Report:
+    """The analysis of one directory; :meth:`to_dict` is what ``--json`` prints.
+
+    Shown by :func:`~instrument.analyze.render_text`, :func:`~instrument.analyze.write_png` and
+    :func:`~instrument.analyze.write_html`.
+    """
+
+    directory: str
+    stages: tuple[StageStats, ...]
+    """Sorted by straggler ratio, worst first."""
+    skipped: tuple[Skipped, ...]
+    files: int
+    """Trace files read."""
+    bytes: int
+    events: int
+    elapsed_s: float
+    jobs: int
+    caveat: str = CLOCK_CAVEAT
+    gpu: tuple[dict[str, Any], ...] = ()
+    """GPU time per rank: the whole trace (``step`` None), then each ``ProfilerStep`` (:mod:`.traces._gpu`)."""
+    memory: tuple[MemoryFile, ...] = ()
+    """CUDA memory snapshots and CPU memory timelines beside the traces (:mod:`.analyzers._snapshots`)."""
+
+    @property
+    def ok(self) -> bool:
+        """Whether every file could be read."""
+        return not self.skipped
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        """Steps seen."""
+        return tuple(sorted({s.step for s in self.stages}))
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """Global ranks seen."""
+        return tuple(sorted({r.rank for s in self.stages for r in s.ranks if r.rank is not None}))
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        """Roles seen."""
+        return tuple(sorted({s.role for s in self.stages}))
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "directory": self.directory,
+            "files": self.files,
+            "bytes": self.bytes,
+            "events": self.events,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "jobs": self.jobs,
+            "steps": list(self.steps),
+            "ranks": list(self.ranks),
+            "roles": list(self.roles),
+            "caveat": self.caveat,
+            "stages": [s.to_dict() for s in self.stages],
+            "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
+            "gpu": list(self.gpu),
+            "memory": [m.to_dict() for m in self.memory],
+        }
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict(), indent=indent)

@@ -1,0 +1,108 @@
+"""The terminal table of a :class:`~instrument.analyze.Report` (:func:`render_text`).
+
+``rich`` is imported when a table is drawn, so importing ``instrument.analyze`` stays light; without
+``rich`` the tables are plain text. The cells come from :mod:`._tables`, as the page's do.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+from instrument.analyze._model import Report
+from instrument.analyze.render._tables import (
+    BAD_RATIO,
+    GPU_HEADERS,
+    GPU_LEGEND,
+    HOW_TO_OPEN,
+    LEFT,
+    MEMORY_HEADERS,
+    WARN_RATIO,
+    gpu_rows,
+    headers,
+    memory_rows,
+    summary,
+    table_rows,
+)
+
+__all__ = ["render_text"]
+
+
+def render_text(report: Report, *, width: int | None = None, color: bool = False) -> str:
+    """The stage table with a short summary under it, then the GPU table when there is GPU work and the
+    memory files when there are any: ``rich`` at ``width`` columns (160 when ``None``), coloured only with
+    ``color``; plain text without ``rich``."""
+    columns = headers(report)
+    rows = table_rows(report)
+    headline, legend, notes = summary(report)
+    gpu = gpu_rows(report)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+        from rich.text import Text
+    except ImportError:
+        text = _plain(columns, rows, [headline, *legend])
+        if gpu:
+            text += "\n\nGPU time per rank\n" + _plain(GPU_HEADERS, gpu, [GPU_LEGEND])
+        if report.memory:
+            text += "\n\nMemory files\n" + _plain(MEMORY_HEADERS, memory_rows(report.memory), [HOW_TO_OPEN])
+        return "\n".join([text, *notes])
+    table = Table(title=f"instrument analyze: {report.directory}", title_justify="left", header_style="bold")
+    # Labels up to 32 characters stay on one line and the numbers' headers wrap instead ("work med" over
+    # "ms" reads better than a stage name cut in three); a longer label folds.
+    longest = {h: max((len(r[i]) for r in rows), default=0) for i, h in enumerate(columns)}
+    for header in columns:
+        whole = header in ("role", "stage") and longest[header] <= 32
+        table.add_column(header, justify="left" if header in LEFT else "right", overflow="fold", no_wrap=whole)
+    for row, stage in zip(rows, report.stages, strict=True):
+        ratio = stage.ratio or 0.0
+        style = "bold red" if ratio >= BAD_RATIO else "yellow" if ratio >= WARN_RATIO else None
+        table.add_row(*(Text(cell) for cell in row), style=style)  # Text: "[mb2-3]" is no markup
+    if not rows:
+        table.add_row("-", "no trace found", *([""] * (len(columns) - 2)))
+    buffer = io.StringIO()
+    console = Console(
+        file=buffer,
+        width=width or 160,
+        force_terminal=color,
+        no_color=not color,
+        color_system="standard" if color else None,
+        highlight=False,
+    )
+    console.print(table)
+    for line in (headline, *legend):
+        console.print(line, markup=False)
+    if gpu:
+        small = Table(title="GPU time per rank", title_justify="left", header_style="bold")
+        for header in GPU_HEADERS:
+            small.add_column(header, justify="left" if header == "step" else "right")
+        for row in gpu:
+            small.add_row(*(Text(cell) for cell in row))
+        console.print()
+        console.print(small)
+        console.print(GPU_LEGEND, markup=False)
+    if report.memory:  # CUDA snapshots and CPU memory timelines beside the traces
+        files = Table(title="Memory files", title_justify="left", header_style="bold")
+        for header in MEMORY_HEADERS:
+            files.add_column(header, justify="right" if header in ("step", "rank", "size") else "left")
+        for row in memory_rows(report.memory):
+            files.add_row(*(Text(cell) for cell in row))
+        console.print()
+        console.print(files)
+        console.print(HOW_TO_OPEN, markup=False)
+    for line in notes:
+        console.print(line, markup=False)
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def _plain(columns: Sequence[str], rows: Sequence[tuple[str, ...]], footer: list[str]) -> str:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(columns)]
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(
+            c.ljust(w) if h in LEFT else c.rjust(w) for c, w, h in zip(cells, widths, columns, strict=True)
+        ).rstrip()
+
+    out = [line(columns), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out + footer)

@@ -1,0 +1,9 @@
+"""Reading a ``save_path``: which trace files there are and who wrote each (:mod:`._discover`,
+:mod:`._names`), and what each holds, read in one streaming pass (:mod:`._reader`, :mod:`._stream`,
+:mod:`._scanner`, :mod:`._steps`, :mod:`._gpu`) behind a guard on what is decoded (:mod:`._safe_io`).
+
+What comes out is per file: :class:`~instrument.analyze.TraceFile`, :class:`~instrument.analyze.Skipped`
+and :class:`._reader.FileScan`; adding files up is :mod:`instrument.analyze.analyzers`' part. The
+scanner's GPU and step accounting lives here because it is fed event by event in that same pass.
+Standard library only at import time.
+"""
