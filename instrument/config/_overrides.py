@@ -1,10 +1,46 @@
-"""Override values as text: ``steps=[1,2]``, ``schedule.active=2``, ``tool=null`` (read and written)."""
+"""Overrides as text: ``steps=[1,2]``, ``schedule.active=2``, ``tool=null`` (read and written), and hydra's
+``+key=value`` (add), ``++key=value`` (add or replace) and ``~key`` / ``~key=value`` (delete)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
-__all__ = ["format_value", "parse_value", "string_value"]
+__all__ = ["ADD", "DELETE", "FORCE", "SET", "Override", "format_value", "parse_value", "split_override", "string_value"]
+
+SET, ADD, FORCE, DELETE = "set", "add", "force", "delete"
+
+
+class Override(NamedTuple):
+    """One override, split: what it does (``SET``, ``ADD``, ``FORCE``, ``DELETE``), its key and value text."""
+
+    op: str
+    key: str
+    text: str | None
+    """The text after ``=``; ``None`` for a ``~key`` without a value."""
+
+
+def split_override(override: str) -> Override:
+    """Split ``key=v``, ``+key=v``, ``++key=v``, ``~key`` or ``~key=v`` (hydra's forms), or say what is wrong."""
+    text = str(override)
+    op, rest = (
+        (FORCE, text[2:])
+        if text.startswith("++")
+        else (ADD, text[1:])
+        if text.startswith("+")
+        else (DELETE, text[1:])
+        if text.startswith("~")
+        else (SET, text)
+    )
+    key, sep, value = rest.partition("=")
+    key = key.strip()
+    if op == DELETE:
+        if not key or key.startswith(("+", "~")):
+            raise ValueError(f"a delete override must look like '~key' or '~key=value': {override!r}")
+        return Override(op, key, value if sep else None)
+    if not sep or not key or key.startswith(("+", "~")):
+        forms = "'key=value', '+key=value', '++key=value' or '~key'"
+        raise ValueError(f"override must look like {forms}: {override!r}")
+    return Override(op, key, value)
 
 
 def parse_value(text: str) -> Any:

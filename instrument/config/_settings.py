@@ -22,7 +22,7 @@ from instrument import ranks as _ranks
 from instrument.config import _file as _config_file
 from instrument.config import _verl
 from instrument.config._memory import MemorySnapshots
-from instrument.config._overrides import format_value, parse_value, string_value
+from instrument.config._overrides import ADD, DELETE, format_value, parse_value, split_override, string_value
 from instrument.config._validators import (
     CONTENTS,
     HOOK_OUTPUTS,
@@ -222,7 +222,7 @@ class ProfilerConfig:
         """
         if not isinstance(mapping, Mapping):
             raise TypeError(f"configuration must be a mapping: {mapping!r}")
-        return cls._from_flat(list(_flatten(mapping)), role)
+        return cls._from_flat(list(_flatten(_verl.sectioned(mapping))), role)
 
     @classmethod
     def from_overrides(
@@ -233,20 +233,34 @@ class ProfilerConfig:
         An override replaces the same key of ``base`` (and anything below it); then all keys are
         resolved together, so distinct keys mean the same in any order. Values read as YAML-ish
         scalars and flat lists (``steps=[1,2]``, ``discrete=false``); string fields such as
-        ``finish_hook.cmd`` keep the text as written.
+        ``finish_hook.cmd`` keep the text as written. hydra's forms work too: ``+key=v`` adds a key
+        that is not set yet, ``++key=v`` sets it either way, ``~key`` deletes it and what lies below
+        (``~key=v`` only while its value is ``v``).
         """
         if isinstance(overrides, str):
             raise TypeError(f"overrides must be a list of 'key=value' strings, not one string: {overrides!r}")
-        items = list(_flatten(base)) if base is not None else []
+        tree = _verl.collect(_flatten(_verl.sectioned(base))) if base is not None else {}
         for override in overrides:
-            key, sep, text = str(override).partition("=")
-            key = key.strip()
-            if not sep or not key:
-                raise ValueError(f"override must look like 'key=value': {override!r}")
-            _check_key(key)
+            op, key, text = split_override(override)
             string = key in _STRING_KEYS or _verl.is_string_key(key)
-            items.append((key, string_value(text) if string else parse_value(text)))
-        return cls._from_flat(items, role)
+            value = None if text is None else string_value(text) if string else parse_value(text)
+            present = [k for k in tree if k == key or k.startswith(key + ".")]
+            if op == DELETE:
+                if not (_verl.skippable(key, None) or _verl.prefixes_a_key(key) or key in _NESTED):
+                    _check_key(key)
+                if text is not None and present != [key]:
+                    raise ValueError(f"{override!r} deletes {key!r} only while it is set to that value: not set")
+                if text is not None and tree[key] != value:
+                    raise ValueError(f"{override!r} deletes {key!r} only while it is set to that value: {tree[key]!r}")
+                for existing in present:  # a key not set is deleted already: verl's base may have had it
+                    del tree[existing]
+                continue
+            if not _verl.skippable(key, value):
+                _check_key(key)
+            if op == ADD and present:
+                raise ValueError(f"{override!r} adds {key!r}, which is already set; '++{key}=...' sets it either way")
+            _verl.set_key(tree, key, value)
+        return cls._from_flat(list(tree.items()), role)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> ProfilerConfig:

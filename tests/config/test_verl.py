@@ -130,14 +130,19 @@ def test_role_sections_combine_as_a_union_without_a_role() -> None:
         REF: {"enable": False, "ranks": [7]},
     }
     cfg = ProfilerConfig.from_dict(mapping)
-    assert cfg == ProfilerConfig(steps=(1, 3), ranks=(0, 4))
-    assert ProfilerConfig.from_dict(mapping, role="critic") == ProfilerConfig(steps=(1, 3), ranks=(4,))
+    # verl's defaults for what the sections leave out: continuous, no relocation
+    verl = {"discrete": False, "relocate_results": False}
+    assert cfg == ProfilerConfig(steps=(1, 3), ranks=(0, 4), **verl)
+    assert ProfilerConfig.from_dict(mapping, role="critic") == ProfilerConfig(steps=(1, 3), ranks=(4,), **verl)
 
 
 def test_rollout_follows_the_actor_section_unless_it_sets_its_own() -> None:
-    base = {ACTOR: {"enable": True, "ranks": [2], "tool_config": {"torch": {"contents": ["cuda", "shapes"]}}}}
+    base: dict[str, Any] = {
+        "global_profiler": {"tool": "torch", "steps": [1]},
+        ACTOR: {"enable": True, "ranks": [2], "tool_config": {"torch": {"contents": ["cuda", "shapes"]}}},
+    }
     rollout = ProfilerConfig.from_dict(base, role="rollout")
-    assert (rollout.active, rollout.ranks, rollout.contents) == (True, (2,), ("cuda", "shapes"))
+    assert (rollout.active, rollout.ranks, rollout.contents) == (True, (2,), ("cpu", "cuda", "shapes"))
     own = ProfilerConfig.from_dict({**base, ROLLOUT: {"ranks": [5]}}, role="rollout")
     assert own.ranks == (5,)
 
@@ -164,7 +169,12 @@ def test_omegaconf_interpolations_follow_verls_inheritance() -> None:
     """verl's generated YAML holds ${oc.select:...} links to the section a key inherits from."""
     mapping = {
         "global_profiler": {"tool": "torch", "steps": [2], "finish_hook_cmd": "up.sh"},
-        ACTOR: {"enable": True, "ranks": [1], "tool": "${oc.select:global_profiler.tool,null}"},
+        ACTOR: {
+            "enable": True,
+            "ranks": [1],
+            "tool": "${oc.select:global_profiler.tool,null}",
+            "finish_hook_cmd": "${oc.select:global_profiler.finish_hook_cmd,null}",
+        },
         ROLLOUT: {
             "enable": "${oc.select:actor_rollout_ref.actor.profiler.enable,false}",
             "ranks": "${oc.select:actor_rollout_ref.actor.profiler.ranks,[]}",
@@ -172,7 +182,12 @@ def test_omegaconf_interpolations_follow_verls_inheritance() -> None:
         },
     }
     rollout = ProfilerConfig.from_dict(mapping, role="rollout")
-    assert rollout == ProfilerConfig(steps=(2,), ranks=(1,), finish_hook=FinishHook("up.sh", ranks=(1,)))
+    assert rollout == ProfilerConfig(
+        steps=(2,), ranks=(1,), discrete=False, relocate_results=False, finish_hook=FinishHook("up.sh", ranks=(1,))
+    )
+    # resolved within the document: a link to a key it does not hold takes the link's default
+    del mapping[ACTOR]["finish_hook_cmd"]
+    assert ProfilerConfig.from_dict(mapping, role="rollout").finish_hook is None
 
 
 @pytest.mark.parametrize("order", [1, -1])
@@ -208,12 +223,13 @@ def test_torch_memory_moves_over_with_its_keys(order: int) -> None:
         cfg = ProfilerConfig.from_dict(dict(sections[::order]))
     # a role's own stack_depth wins over the trainer-wide one, as for nsys.discrete
     assert (cfg.tool, cfg.steps) == ("torch_memory", (2,))
-    assert cfg.memory == MemorySnapshots(max_entries=5000, stack_depth=4)
+    # verl records whole stacks and saves a snapshot at an out-of-memory error
+    assert cfg.memory == MemorySnapshots(max_entries=5000, stack_depth=4, stacks="all", on_oom=True)
     overrides = [
         "global_profiler.tool=torch_memory",
         "global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries=77",
     ][::order]
-    assert ProfilerConfig.from_overrides(overrides).memory == MemorySnapshots(max_entries=77)
+    assert ProfilerConfig.from_overrides(overrides).memory == MemorySnapshots(max_entries=77, stacks="all", on_oom=True)
 
 
 def test_torch_memory_keys_apply_only_to_that_tool_and_are_validated() -> None:
@@ -246,14 +262,19 @@ def test_verl_keys_example_with_steps_null_profiles_nothing() -> None:
 
 def test_profile_token_end_is_exclusive(tmp_path: Path) -> None:
     cfg = ProfilerConfig.from_overrides(
-        ["tool_config.torch.profile_token_start=12", "tool_config.torch.profile_token_end=46"]
+        [
+            "global_profiler.tool=torch",
+            "tool_config.torch.profile_token_start=12",
+            "tool_config.torch.profile_token_end=46",
+        ]
     )
     assert cfg.token_window == (12, 45)
     sent = profiler_launch_args(cfg, profiler_dir=tmp_path, vllm_version="0.13.0").profiler_config
     assert sent is not None
     # verl: delay_iterations = start, max_iterations = end - start
     assert (sent["delay_iterations"], sent["max_iterations"]) == (12, 34)
-    assert ProfilerConfig.from_overrides(["tool_config.torch.profile_token_end=5"]).token_window == (0, 4)
+    only_end = ["global_profiler.tool=torch", "tool_config.torch.profile_token_end=5"]
+    assert ProfilerConfig.from_overrides(only_end).token_window == (0, 4)
 
 
 @pytest.mark.parametrize(
@@ -269,7 +290,7 @@ def test_profile_token_end_is_exclusive(tmp_path: Path) -> None:
 def test_bad_token_bounds_are_named(start: object, end: object, message: str) -> None:
     torch = {"profile_token_start": start, "profile_token_end": end}
     with pytest.raises((ValueError, TypeError), match=f"^{re.escape(message)}$"):
-        ProfilerConfig.from_dict({"profiler": {"tool_config": {"torch": torch}}})
+        ProfilerConfig.from_dict({"global_profiler": {"tool": "torch"}, "profiler": {"tool_config": {"torch": torch}}})
 
 
 def test_finish_hook_all_ranks_keeps_the_ranks_given() -> None:
