@@ -3,31 +3,42 @@
 Ranks are global ranks of the job.  A rollout replica spans
 ``gpus_per_replica`` (tp x pp x dp) consecutive global ranks: global rank
 ``g`` is local rank ``g % gpus_per_replica`` of replica ``g // gpus_per_replica``.
-Engine trace files carry only the local rank; :func:`engine_trace_local_rank`
-reads it from vLLM and SGLang names, :func:`engine_trace_rank` turns it into a global rank.
+Engine trace files carry only the local rank.  How each engine names its files is a
+:class:`TraceNames` grammar in one registry (the built-in engines' here, any other engine's
+added by ``instrument.rollout.register_engine``): :func:`engine_trace_local_rank` reads the
+local rank with whichever grammar knows the name, :func:`engine_trace_rank` turns it into a
+global rank.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from instrument._checks import check_int
 
 __all__ = [
+    "EngineTraceName",
     "LocalRankParser",
+    "TraceNames",
     "engine_trace_local_rank",
     "engine_trace_rank",
     "is_profiled_rank",
     "keep_engine_trace",
     "local_rank_of",
+    "parse_engine_trace_name",
     "profiled_ranks",
     "ranks_to_keep",
+    "register_trace_names",
+    "registered_trace_names",
     "replica_of",
     "replicas_to_drive",
-    "sglang_trace_local_rank",
+    "trace_names",
+    "unregister_trace_names",
     "validate_ranks",
 ]
 
@@ -125,7 +136,7 @@ def engine_trace_rank(
     """The global rank that wrote engine trace ``filename`` of ``replica``, or ``None`` when the name
     does not tell (frontend traces, unknown names, a local rank outside the replica: a misread name).
 
-    ``parse`` reads the local rank (default :func:`engine_trace_local_rank`: vLLM and SGLang names).
+    ``parse`` reads the local rank (default :func:`engine_trace_local_rank`: every registered engine's names).
     """
     check_int("replica", replica, 0)
     check_int("gpus_per_replica", gpus_per_replica, 1)
@@ -153,66 +164,226 @@ def keep_engine_trace(
     return rank is None or rank in keep
 
 
+# --------------------------------------------------------------------------- engine trace names
+
+_WORKER_GROUPS = frozenset({"rank", "dp"})
+_FRONTEND_GROUPS = frozenset({"pid"})
+_ENGINE_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,31}$")
+
+
+@dataclass(frozen=True)
+class EngineTraceName:
+    """What an engine's own trace file name tells: which engine, frontend or worker, and the ranks it carries."""
+
+    engine: str
+    frontend: bool = False
+    rank: int | None = None  # the worker's rank, counted within DP rank ``dp`` when the name has one
+    dp: int | None = None  # the data-parallel rank, where the name carries one
+    pid: int | None = None  # a frontend's process id, where the name carries one
+    step: int | None = None  # the step of a ``step{S}`` prefix
+
+    def local_rank(self, *, ranks_per_dp_rank: int | None = None) -> int | None:
+        """The rank inside the replica, or ``None`` when the name alone does not tell.
+
+        A rank counted within DP rank ``d > 0`` is ``d * ranks_per_dp_rank + rank``: ``None``
+        without ``ranks_per_dp_rank`` (tp x pp). Frontends have none.
+        """
+        if self.frontend or self.rank is None:
+            return None
+        if not self.dp:
+            return self.rank
+        if ranks_per_dp_rank is None:
+            return None
+        check_int("ranks_per_dp_rank", ranks_per_dp_rank, 1)
+        return self.dp * ranks_per_dp_rank + self.rank
+
+
+def _patterns(field: str, value: object, groups: frozenset[str]) -> tuple[re.Pattern[str], ...]:
+    if isinstance(value, str) or not isinstance(value, (tuple, list)):
+        raise TypeError(f"'{field}' must be a tuple of regular expressions (str): {value!r}")
+    compiled = []
+    for i, source in enumerate(value):
+        if not isinstance(source, str):
+            raise TypeError(f"'{field}' pattern {i} must be a str: {source!r}")
+        try:
+            pattern = re.compile(source)
+        except re.error as exc:
+            raise ValueError(f"'{field}' pattern {i} is not a regular expression ({exc}): {source!r}") from None
+        unknown = sorted(set(pattern.groupindex) - groups)
+        if unknown:
+            raise ValueError(
+                f"'{field}' pattern {i} has groups {unknown}: only {sorted(groups)} mean something: {source!r}"
+            )
+        if "dp" in pattern.groupindex and "rank" not in pattern.groupindex:
+            raise ValueError(f"'{field}' pattern {i} has a 'dp' group without a 'rank' group: {source!r}")
+        compiled.append(pattern)
+    return tuple(compiled)
+
+
+@dataclass(frozen=True)
+class TraceNames:
+    """How one engine names its trace files: its grammar, for relocation, ``ranks`` and ``instrument analyze``.
+
+    ``workers`` are regular expressions searched in a file's base name, tried in order; the first
+    that matches makes it a worker trace of this engine. Their named groups: ``rank`` (the rank
+    inside the replica) and ``dp`` (a data-parallel rank, ``rank`` then counting within it); a
+    pattern without ``rank`` recognises names whose rank the name does not tell. ``frontend``
+    (searched first; optional group ``pid``) recognises the traces of an API server, which has no
+    GPU rank. ``prefix_joint`` is what the engine puts between the ``step{S}`` prefix our drivers
+    send and its own name. ``engine`` is the engine's name, also the manifest's ``tool``.
+    Invalid values raise ``TypeError`` / ``ValueError`` naming the field.
+    """
+
+    engine: str
+    workers: tuple[str, ...]
+    frontend: str | None = None
+    prefix_joint: str = "_"
+    _compiled: tuple[tuple[re.Pattern[str], ...], re.Pattern[str] | None, re.Pattern[str]] = field(
+        init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine, str) or not _ENGINE_NAME.match(self.engine):
+            raise ValueError(f"'engine' must be 1-32 of [a-z0-9_-], starting with a letter: {self.engine!r}")
+        workers = _patterns("workers", self.workers, _WORKER_GROUPS)
+        if not workers:
+            raise ValueError("'workers' must hold at least one pattern")
+        frontend = None if self.frontend is None else _patterns("frontend", (self.frontend,), _FRONTEND_GROUPS)[0]
+        joint = self.prefix_joint
+        if not isinstance(joint, str) or len(joint) != 1 or joint.isalnum():
+            raise ValueError(f"'prefix_joint' must be one character that is not a letter or digit: {joint!r}")
+        step = re.compile(rf"^step(\d+){re.escape(joint)}")
+        object.__setattr__(self, "workers", tuple(self.workers))  # a list given is kept as the tuple it means
+        object.__setattr__(self, "_compiled", (workers, frontend, step))
+
+    def parse(self, filename: str) -> EngineTraceName | None:
+        """What ``filename`` (its base name) tells, if it is one of this engine's traces; else ``None``."""
+        base = os.path.basename(filename)
+        workers, frontend, step_prefix = self._compiled
+        step = step_prefix.match(base)
+        at = None if step is None else int(step[1])
+        if frontend is not None and (match := frontend.search(base)) is not None:
+            pid = match.groupdict().get("pid")
+            return EngineTraceName(self.engine, frontend=True, pid=None if pid is None else int(pid), step=at)
+        for pattern in workers:
+            match = pattern.search(base)
+            if match is not None:
+                found = match.groupdict()
+                rank, dp = found.get("rank"), found.get("dp")
+                return EngineTraceName(
+                    self.engine, rank=None if rank is None else int(rank), dp=None if dp is None else int(dp), step=at
+                )
+        return None
+
+    def local_rank(self, filename: str, *, ranks_per_dp_rank: int | None = None) -> int | None:
+        """The rank inside its replica that ``filename`` carries, or ``None`` (a :class:`LocalRankParser`)."""
+        parsed = self.parse(filename)
+        return None if parsed is None else parsed.local_rank(ranks_per_dp_rank=ranks_per_dp_rank)
+
+    def is_frontend(self, filename: str) -> bool:
+        """Whether ``filename`` is one of this engine's frontend (API server) traces."""
+        frontend = self._compiled[1]
+        return frontend is not None and frontend.search(os.path.basename(filename)) is not None
+
+    def step(self, filename: str) -> int | None:
+        """The step of a ``step{S}{prefix_joint}`` prefix, else ``None``."""
+        match = self._compiled[2].match(os.path.basename(filename))
+        return None if match is None else int(match[1])
+
+
+# The built-in engines' grammars: the one copy of how vLLM and SGLang name their files. They live
+# here, in a pure module, because engine_trace_local_rank must read them without importing the
+# engines' drivers (instrument.rollout); every other engine brings its own through
+# instrument.rollout.register_engine, which lands in the same registry below.
+
 # vLLM >= 0.17: "[{prefix}_]rank{R}.{ns}.pt.trace.json.gz", or with "dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_" before
 # "rank" once parallel state is up; R counts within one data-parallel rank's tp x pp world.
-_VLLM = re.compile(
-    r"(?:^|_)(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$"
+_VLLM_DP = r"(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?"
+_VLLM = TraceNames(
+    engine="vllm",
+    workers=(
+        rf"(?:^|_){_VLLM_DP}rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$",
+        # text summaries beside the traces: "{worker name}.profiler_out.txt" (0.32+), "profiler_out_{R}.txt" before
+        rf"(?:^|_){_VLLM_DP}rank(?P<rank>\d+)\.(?:profiler_out\.)?txt$",
+        r"^profiler_out_(?P<rank>\d+)\.(?:profiler_out\.)?txt$",
+        r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$",  # vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
+    ),
+    # the API server: "[{prefix}_]{host}_{pid}.async_llm.{ns}.pt.trace.json.gz"
+    frontend=r"(?:_(?P<pid>\d+))?\.async_llm\.",
+    prefix_joint="_",
 )
-# vLLM's text summaries beside the traces: "{worker name}.profiler_out.txt" (0.32+), "profiler_out_{R}.txt" before.
-_VLLM_SUMMARY = re.compile(
-    r"(?:(?:^|_)(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?rank(?P<rank>\d+)|^profiler_out_(?P<legacy>\d+))"
-    r"\.(?:profiler_out\.)?txt$"
-)
-# vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
-_VLLM_LEGACY = re.compile(r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$")
 # SGLang: "[{prefix}-]{profile_id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}][-memory][-{stage}]" + ".trace.json.gz" or
 # ".pickle" (memory snapshots). Stage suffixes: "-EXTEND" / "-DECODE" (0.5.3+), "-prefill" / "-decode"
 # (SGLANG_PROFILE_V2), str(ForwardMode) before (0.4.7-0.5.2: "-1" / "-2" on Python >= 3.11,
 # "-ForwardMode.EXTEND" before); activities ("-CPU"); ROCm: "rpd-{time}-TP-{t}.trace.json.gz".
-_SGLANG = re.compile(
-    r"-TP-(?P<tp>\d+)(?:-DP-(?P<dp>\d+))?(?:-PP-(?P<pp>\d+))?(?:-EP-\d+)?(?:-memory)?"
-    r"(?:-(?:ForwardMode\.)?[A-Za-z]+|-\d+)?\.(?:trace\.json(?:\.gz)?|pickle)$"
+# EP ranks live on the TP ranks' GPUs. With -DP- or -PP- the GPU depends on the engine's mode and
+# sizes (DP attention numbers TP ranks across DP ranks, plain DP does not): recognised, rank unknown.
+_SGLANG_TAIL = r"(?:-EP-\d+)?(?:-memory)?(?:-(?:ForwardMode\.)?[A-Za-z]+|-\d+)?\.(?:trace\.json(?:\.gz)?|pickle)$"
+_SGLANG = TraceNames(
+    engine="sglang",
+    workers=(rf"-TP-(?P<rank>\d+){_SGLANG_TAIL}", rf"-TP-\d+(?:-DP-\d+)?(?:-PP-\d+)?{_SGLANG_TAIL}"),
+    prefix_joint="-",
 )
 
+_REGISTRY_LOCK = threading.Lock()
+_REGISTERED: tuple[TraceNames, ...] = (_VLLM, _SGLANG)  # replaced whole, so readers never lock
 
-def sglang_trace_local_rank(filename: str) -> int | None:
-    """The rank inside its replica written in an SGLang trace or memory snapshot name, or ``None``.
 
-    The TP rank, for names without ``-DP-`` / ``-PP-`` (EP ranks live on the TP ranks' GPUs).
-    With ``-DP-`` or ``-PP-`` the GPU depends on the engine's mode and sizes (DP attention
-    numbers TP ranks across DP ranks, plain DP does not), so ``None``: relocation keeps such a
-    file, labelled ``rank-unknown``, rather than risk dropping the wrong one.
+def register_trace_names(names: TraceNames) -> TraceNames:
+    """Add an engine's grammar (``instrument.rollout.register_engine`` does it for you); returns it.
+
+    Registering the same grammar again does nothing; another grammar under a registered engine's
+    name raises ``ValueError``. Grammars are tried in registration order, the built-ins first.
     """
-    match = _SGLANG.search(os.path.basename(filename))
-    if match is None or match["dp"] is not None or match["pp"] is not None:
-        return None
-    return int(match["tp"])
+    global _REGISTERED
+    if not isinstance(names, TraceNames):
+        raise TypeError(f"'names' must be a TraceNames: {type(names).__name__}")
+    with _REGISTRY_LOCK:
+        for known in _REGISTERED:
+            if known.engine == names.engine:
+                if known == names:
+                    return known
+                raise ValueError(f"an engine named {names.engine!r} is registered already, with other trace names")
+        _REGISTERED = (*_REGISTERED, names)
+    return names
+
+
+def unregister_trace_names(engine: str) -> None:
+    """Forget the grammar of ``engine`` (nothing if there is none)."""
+    global _REGISTERED
+    with _REGISTRY_LOCK:
+        _REGISTERED = tuple(names for names in _REGISTERED if names.engine != engine)
+
+
+def registered_trace_names() -> tuple[TraceNames, ...]:
+    """Every registered engine's grammar, in the order they are tried."""
+    return _REGISTERED
+
+
+def trace_names(engine: str) -> TraceNames:
+    """The registered grammar of ``engine``; ``ValueError`` naming the registered ones otherwise."""
+    for names in _REGISTERED:
+        if names.engine == engine:
+            return names
+    raise ValueError(f"no engine named {engine!r}; registered: {', '.join(n.engine for n in _REGISTERED)}")
+
+
+def parse_engine_trace_name(filename: str) -> EngineTraceName | None:
+    """What ``filename`` tells, read by the first registered engine whose grammar knows it; else ``None``."""
+    for names in _REGISTERED:
+        parsed = names.parse(filename)
+        if parsed is not None:
+            return parsed
+    return None
 
 
 def engine_trace_local_rank(filename: str, *, ranks_per_dp_rank: int | None = None) -> int | None:
-    """The rank inside its replica written in a vLLM or SGLang worker trace name, or ``None``.
+    """The rank inside its replica written in a registered engine's worker trace name, or ``None``.
 
-    vLLM names count ranks within one data-parallel rank (``dp{d}_..._rank{R}``); for
-    ``d > 0`` the replica-local rank is ``d * ranks_per_dp_rank + R``, so without
-    ``ranks_per_dp_rank`` (tp x pp) such names give ``None``.  ``None`` also for frontend
-    (``.async_llm.``) traces, SGLang names with ``-DP-`` or ``-PP-`` (their layout depends
-    on the engine's mode and sizes) and names this function does not know.
+    A name that counts its rank within a data-parallel rank ``d > 0`` (vLLM's ``dp{d}_..._rank{R}``)
+    is at ``d * ranks_per_dp_rank + R``, so without ``ranks_per_dp_rank`` (tp x pp) it gives
+    ``None``.  ``None`` also for frontend traces, names whose grammar says the rank is not
+    readable from them (SGLang's ``-DP-`` / ``-PP-``) and names no registered engine knows.
     """
-    base = os.path.basename(filename)
-    if ".async_llm." in base:
-        return None
-    match = _VLLM.search(base) or _VLLM_SUMMARY.search(base)
-    if match and match.groupdict().get("legacy"):
-        return int(match["legacy"])
-    if match:
-        dp = int(match["dp"] or 0)
-        if dp == 0:
-            return int(match["rank"])
-        if ranks_per_dp_rank is None:
-            return None
-        check_int("ranks_per_dp_rank", ranks_per_dp_rank, 1)
-        return dp * ranks_per_dp_rank + int(match["rank"])
-    match = _VLLM_LEGACY.search(base)
-    if match:
-        return int(match["rank"])
-    return sglang_trace_local_rank(base)
+    parsed = parse_engine_trace_name(filename)
+    return None if parsed is None else parsed.local_rank(ranks_per_dp_rank=ranks_per_dp_rank)

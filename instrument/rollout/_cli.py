@@ -4,8 +4,9 @@
 every worker (from a router's ``/workers`` or ``--worker-url``) and print one row each. ``start``
 leaves a marker per worker (:mod:`instrument.rollout._markers`) so that ``stop`` can say "not
 profiling" for a worker it never started and relocate only what was written since the start.
-``--engine`` picks a row of :data:`ENGINES` (vLLM or SGLang): its launch arguments, its driver and
-its trace names; everything else is shared.
+``--engine`` picks a registered :class:`~instrument.rollout.EngineProfile`: its launch arguments,
+its driver, its trace names and its words; everything else is shared, and nothing here names an
+engine. The stop's relocation lists the traces it moves in one manifest this command owns.
 """
 
 from __future__ import annotations
@@ -15,87 +16,23 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 from instrument import ranks
 from instrument.config import ProfilerConfig
 from instrument.config._cli import load_config
+from instrument.manifest import Manifest
 from instrument.rollout import _fanout as _rollout
 from instrument.rollout import _markers as _rollout_files
-from instrument.rollout import sglang, vllm
-from instrument.rollout._fanout import SglangWorker, WorkerOutcome
+from instrument.rollout._engines import EngineProfile, ServerDriver, engine_profile, engine_profiles
+from instrument.rollout._fanout import WorkerOutcome
 from instrument.rollout._http import check_http_url
 from instrument.rollout._markers import StartMarker
-from instrument.rollout._profiler import VLLM_TRACES, EngineTraces
+from instrument.rollout._profiler import replica_profiler_dir
 
-__all__ = ["ENGINES", "EPILOG", "Engine", "add_arguments", "main_from_args"]
+__all__ = ["EPILOG", "add_arguments", "main_from_args"]
 
-
-@dataclass(frozen=True)
-class Engine:
-    """What differs between engines in ``instrument rollout``: launch, driver, trace names."""
-
-    label: str
-    installed_version: Callable[[], str | None]
-    launch_args: Callable[[ProfilerConfig, str, str | None], vllm.LaunchArgs]  # config, directory, version
-    command: str  # the launch command its arguments go after
-    worker: Callable[[str, ProfilerConfig, StartMarker | None, float, float], Any]  # a fan-out driver
-    traces: EngineTraces
-    prefix_joint: str  # what follows the prefix in its file names
-    start_reads_config: bool  # whether a start sends the configuration (else it is fixed at launch)
-    check_prefix: Callable[[str | None], object]  # ValueError naming a prefix the engine cannot take
-    writes_at: str  # when the profiler directory gets its files
-
-
-def _vllm_worker(
-    url: str, config: ProfilerConfig, marker: StartMarker | None, timeout_s: float, stop_timeout_s: float
-) -> vllm.HttpEngineDriver:
-    return vllm.HttpEngineDriver(url, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
-
-
-def _sglang_worker(
-    url: str, config: ProfilerConfig, marker: StartMarker | None, timeout_s: float, stop_timeout_s: float
-) -> SglangWorker:
-    # No output_dir: each server writes into its launch's SGLANG_TORCH_PROFILER_DIR (launch-args --replica N).
-    driver = sglang.SglangHttpDriver(url, config, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
-    return SglangWorker(
-        driver, started_here=marker is not None, stops_by_itself=bool(marker and marker.stops_by_itself)
-    )
-
-
-ENGINES: dict[str, Engine] = {
-    "vllm": Engine(
-        label="vLLM",
-        installed_version=vllm.installed_vllm_version,
-        launch_args=lambda config, directory, version: vllm.profiler_launch_args(
-            config, profiler_dir=directory, vllm_version=version
-        ),
-        command="vllm serve MODEL",
-        worker=_vllm_worker,
-        traces=VLLM_TRACES,
-        prefix_joint="_",
-        start_reads_config=False,
-        check_prefix=lambda prefix: None,
-        writes_at="vLLM makes replicaN there at the first stop",
-    ),
-    "sglang": Engine(
-        label="SGLang",
-        installed_version=sglang.installed_sglang_version,
-        launch_args=lambda config, directory, version: sglang.profiler_launch_args(
-            config, profiler_dir=directory, sglang_version=version
-        ),
-        command="python -m sglang.launch_server --model-path MODEL",
-        worker=_sglang_worker,
-        traces=sglang.SGLANG_TRACES,
-        prefix_joint="-",
-        start_reads_config=True,
-        check_prefix=sglang.check_prefix,
-        writes_at="SGLang writes into it at the stop",
-    ),
-}
-"""The engines ``--engine`` picks from."""
 
 EPILOG = """\
 examples:
@@ -113,13 +50,19 @@ router, or a URL that is not http(s)://host:port, with one line saying which.
 
 
 def _engine(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--engine", choices=sorted(ENGINES), default="vllm", help="the rollout engine (default vllm)")
+    default = engine_profiles()[0].name  # the first built-in
+    names = sorted(profile.name for profile in engine_profiles())
+    parser.add_argument("--engine", choices=names, default=default, help=f"the rollout engine (default {default})")
+
+
+def _version_dest(profile: EngineProfile) -> str:
+    return profile.version_flag.removeprefix("--").replace("-", "_")
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     _engine(parser)
     source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--router-url", metavar="URL", help="a router answering GET /workers (vllm-router, sgl-router)")
+    source.add_argument("--router-url", metavar="URL", help="a router answering GET /workers (docs/rollout.md)")
     source.add_argument("--worker-url", metavar="URL", action="append", help="an engine server; repeat it")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S", help="seconds per call (default 10)")
     parser.add_argument(
@@ -143,32 +86,36 @@ def _config_args(parser: argparse.ArgumentParser) -> None:
 def add_arguments(rollout: argparse.ArgumentParser) -> None:
     """The ``rollout`` subcommands and their options."""
     actions = rollout.add_subparsers(dest="action", required=True, metavar="ACTION")
+    profiles = engine_profiles()
+    each = " ".join(f"{p.label} (--engine {p.name}): {p.launch_summary}." for p in profiles)
+    flags = " / ".join(p.version_flag for p in profiles)
     launch = actions.add_parser(
         "launch-args",
         help="print the launch arguments that give an engine server its profiler",
         description=(
-            "Print what to add to an engine server's launch for one replica. vLLM: '--profiler-config <json>' "
-            "for vLLM >= 0.13 (only fields that version knows), else VAR=value environment assignments. "
-            "SGLang (--engine sglang): VAR=value environment assignments (SGLANG_TORCH_PROFILER_DIR, and what "
-            "the version reads of stacks and shapes). The version is the installed engine's unless "
-            "--vllm-version / --sglang-version is given."
+            f"Print what to add to an engine server's launch for one replica. {each} The version is the "
+            f"installed engine's unless {flags} is given."
         ),
     )
     _engine(launch)
     _config_args(launch)
     launch.add_argument("--profiler-dir", required=True, metavar="BASE", help="engines write into BASE/replicaN")
     launch.add_argument("--replica", type=int, default=0, metavar="N", help="the replica this server is (default 0)")
-    launch.add_argument("--vllm-version", metavar="V", help="the engine's vLLM version, e.g. 0.14.0")
-    launch.add_argument("--sglang-version", metavar="V", help="the engine's SGLang version, e.g. 0.5.23")
+    for profile in profiles:
+        launch.add_argument(
+            profile.version_flag,
+            dest=_version_dest(profile),
+            metavar="V",
+            help=f"the engine's {profile.label} version, e.g. {profile.version_example}",
+        )
     launch.add_argument("--json", action="store_true", help="print args, env and the version as JSON")
 
     raw = argparse.RawDescriptionHelpFormatter
     start = actions.add_parser("start", help="POST /start_profile to every worker", epilog=EPILOG, formatter_class=raw)
     _common(start)
-    _config_args(start)  # SGLang's start body carries the configuration; vLLM's is fixed at launch
+    _config_args(start)  # for engines whose start carries the configuration (else it is fixed at launch)
     start.add_argument(
-        "--prefix",
-        help="profile_prefix (default step{S} with --step); vLLM >= 0.32 and SGLang >= 0.5.6 name files with it",
+        "--prefix", help="profile_prefix (default step{S} with --step); engines that take one name files with it"
     )
     start.add_argument("--step", type=int, metavar="S", help="the RL step: the prefix becomes step{S}")
 
@@ -196,18 +143,18 @@ def add_arguments(rollout: argparse.ArgumentParser) -> None:
 
 
 def _launch_args(args: argparse.Namespace) -> int:
-    engine = ENGINES[args.engine]
-    given = {"vllm": args.vllm_version, "sglang": args.sglang_version}
-    for name, value in given.items():
-        if value is not None and name != args.engine:
-            raise ValueError(f"--{name}-version is for --engine {name} (this is --engine {args.engine})")
+    engine = engine_profile(args.engine)
+    given = {p.name: getattr(args, _version_dest(p), None) for p in engine_profiles()}
+    for profile in engine_profiles():
+        if given[profile.name] is not None and profile.name != args.engine:
+            raise ValueError(f"{profile.version_flag} is for --engine {profile.name} (this is --engine {args.engine})")
     config = load_config(args.config, args.overrides)
     version, source = given[args.engine], "given"
     if version is None:
         version = engine.installed_version()
         source = "installed" if version is not None else "none installed here: the newest behaviour"
-    directory = vllm.replica_profiler_dir(args.profiler_dir, args.replica)
-    launch = engine.launch_args(config, directory, version)
+    directory = replica_profiler_dir(args.profiler_dir, args.replica)
+    launch = engine.launch_args(config, profiler_dir=directory, version=version)
     words = [f"{key}={value}" for key, value in launch.env.items()] + list(launch.args)
     if args.json:
         payload = {"engine": args.engine, f"{args.engine}_version": version, "version_source": source}
@@ -216,7 +163,7 @@ def _launch_args(args: argparse.Namespace) -> int:
         )
         print(json.dumps(payload, indent=2))
         return 0
-    where = "put them before the command" if launch.env else f"put them after '{engine.command}'"
+    where = "put them before the command" if launch.env else f"put them after '{engine.launch_command}'"
     print(
         f"# {engine.label} {version or '(newest)'} ({source}); {where}; the profiler writes into {directory}",
         file=sys.stderr,
@@ -257,11 +204,11 @@ def _check_relocation(args: argparse.Namespace, workers: int) -> tuple[ProfilerC
     return config, world
 
 
-def _restarted_detail(outcome: WorkerOutcome, earlier: StartMarker | None, engine: Engine) -> WorkerOutcome:
+def _restarted_detail(outcome: WorkerOutcome, earlier: StartMarker | None, engine: EngineProfile) -> WorkerOutcome:
     if earlier is None:
         detail = "was profiling (not started from here): restarted; its earlier traces flushed under their own prefix"
     else:
-        named = f"{earlier.prefix}{engine.prefix_joint}*" if earlier.prefix else "files without a prefix"
+        named = f"{earlier.prefix}{engine.traces.prefix_joint}*" if earlier.prefix else "files without a prefix"
         detail = f"was profiling since {earlier.clock()}: restarted; earlier traces flushed as {named}"
     return replace(outcome, detail=detail)
 
@@ -272,7 +219,7 @@ def _record_starts(
     prefix: str | None,
     started_ns: int,
     args: argparse.Namespace,
-    drivers: dict[str, Any],
+    drivers: dict[str, ServerDriver],
 ) -> list[WorkerOutcome]:
     recorded = []
     for outcome in outcomes:
@@ -280,7 +227,7 @@ def _record_starts(
         if outcome.state in ("profiling", "restarted"):
             earlier = store.read(outcome.url)
             if outcome.state == "restarted":
-                shown = _restarted_detail(outcome, earlier, ENGINES[args.engine])
+                shown = _restarted_detail(outcome, earlier, engine_profile(args.engine))
             by_itself = getattr(drivers[outcome.url], "stops_by_itself", False) is True
             try:
                 store.write(StartMarker(outcome.url, prefix, started_ns, args.engine, by_itself))
@@ -320,6 +267,8 @@ def _relocate(
         )
     starts = [markers[o.url].started_ns for o in outcomes if o.state == "flushed" and o.url in markers]
     since_ns = min(starts) if starts else stop_began_ns  # without a start: what this stop flushed
+    engine = engine_profile(args.engine)
+    manifest = Manifest(args.save_path)  # this command's own: no run lists what it relocates
     try:
         moves = _rollout_files.relocate_replicas(
             args.profiler_dir,
@@ -329,36 +278,39 @@ def _relocate(
             gpus_per_replica=args.gpus_per_replica,
             world_size=world,
             since_ns=since_ns,
-            traces=ENGINES[args.engine].traces,
+            traces=engine.traces,
+            publish=manifest.append,
         )
     except FileNotFoundError:
-        where = ENGINES[args.engine].writes_at
-        return [], [f"relocation FAILED: {args.profiler_dir} does not exist ({where})"], False
+        return [], [f"relocation FAILED: {args.profiler_dir} does not exist ({engine.writes_when})"], False
     except OSError as exc:
         return [], [f"relocation FAILED: cannot list {args.profiler_dir}: {exc}"], False
+    finally:
+        manifest.close()
     lines = _rollout_files.summary(moves, args.save_path)
     if not moves:
         lines.append(f"no replicaN directory in {args.profiler_dir}: were the engines launched with launch-args?")
     return moves, lines, not any(m.failed for m in moves)
 
 
-def _start_config(args: argparse.Namespace, engine: Engine) -> ProfilerConfig:
-    """The configuration the engine's drivers are built with (only SGLang's start sends it)."""
+def _start_config(args: argparse.Namespace, engine: EngineProfile) -> ProfilerConfig:
+    """The configuration the engine's drivers are built with (sent only by engines whose start carries it)."""
     if args.action != "start":
         return ProfilerConfig()  # a stop or status sends no configuration
-    if engine.start_reads_config:
+    if engine.start_sends_config:
         return load_config(args.config, args.overrides)
     if args.config is not None or args.overrides:
+        takers = " or ".join(f"--engine {p.name}" for p in engine_profiles() if p.start_sends_config)
         raise ValueError(
-            f"start takes --config and KEY=VALUE only with --engine sglang: {engine.label} reads its profiler "
-            "configuration at launch (instrument rollout launch-args)"
+            f"start takes --config and KEY=VALUE only with {takers or 'an engine whose start carries them'}: "
+            f"{engine.label} reads its profiler configuration at launch (instrument rollout launch-args)"
         )
     return ProfilerConfig()
 
 
 def _drivers(
-    args: argparse.Namespace, engine: Engine, urls: list[str], markers: dict[str, StartMarker]
-) -> dict[str, Any]:
+    args: argparse.Namespace, engine: EngineProfile, urls: list[str], markers: dict[str, StartMarker]
+) -> dict[str, ServerDriver]:
     """Each worker's driver, built before any call, so bad settings exit 2 naming the field."""
     for url, marker in markers.items():
         if marker.engine != args.engine:
@@ -368,11 +320,22 @@ def _drivers(
             )
     config = _start_config(args, engine)
     engine.check_prefix(getattr(args, "prefix", None))
-    return {url: engine.worker(url, config, markers.get(url), args.timeout, args.stop_timeout) for url in urls}
+    drivers = {}
+    for url in urls:
+        start = markers.get(url)
+        drivers[url] = engine.http_driver(
+            url,
+            config,
+            timeout_s=args.timeout,
+            stop_timeout_s=args.stop_timeout,
+            started_here=start is not None,
+            stops_by_itself=start is not None and start.stops_by_itself,
+        )
+    return drivers
 
 
 def _fan_out(args: argparse.Namespace) -> int:
-    engine = ENGINES[args.engine]
+    engine = engine_profile(args.engine)
     workers = _workers(args)
     relocation = _check_relocation(args, len(workers)) if args.action == "stop" else None
     prefix = getattr(args, "prefix", None)

@@ -3,8 +3,8 @@
 Workers come from a router's ``/workers`` (or repeated ``--worker-url``); each is called with
 bounded concurrency and its own overall deadline (:mod:`instrument.rollout._http`); one dead, slow or
 broken worker never stops the others and always becomes a row of the table, never a traceback.
-vLLM servers are driven by :class:`~instrument.rollout.vllm.HttpEngineDriver`, SGLang servers by
-:class:`SglangWorker` around :class:`~instrument.rollout.sglang.SglangHttpDriver`.
+Each worker is driven by the :class:`~instrument.rollout.ServerDriver` its engine's profile makes
+(``EngineProfile.http_driver``); nothing here knows which engine it is.
 """
 
 from __future__ import annotations
@@ -20,17 +20,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from instrument._terminal import Display, wanted
+from instrument.rollout._engines import ServerDriver
 from instrument.rollout._http import HttpError, check_http_url, check_timeout
 from instrument.rollout._http import request as http_request
-from instrument.rollout.sglang import SglangHttpDriver, SglangRefusedError
-from instrument.rollout.vllm import EngineProfilerError, EngineStillFlushingError, HttpEngineDriver
+from instrument.rollout._profiler import EngineProfilerError, EngineStillFlushingError, NotProfilingError
 
 __all__ = [
     "STATES",
     "DriverFactory",
     "EngineProgress",
     "NotProfilingError",
-    "SglangWorker",
     "WorkerOutcome",
     "fan_out",
     "list_router_workers",
@@ -56,7 +55,7 @@ STATES = (
     "profiling",  # start: it is profiling now
     "restarted",  # start: it was profiling already; stopped (flushed) and started again
     "flushed",  # stop: stopped after a start recorded here, traces written
-    "not-profiling",  # stop: nothing was profiling (vLLM: no start recorded here; SGLang: it refused the stop)
+    "not-profiling",  # stop: nothing was profiling (no start recorded here, or the engine refused the stop)
     "still-flushing",  # stop: past its deadline while the server answers /health
     "routes",  # status: it has profiling routes
     "no-routes",  # status: started without a profiler
@@ -140,73 +139,10 @@ def list_router_workers(router_url: str, *, timeout_s: float = 10.0) -> list[tup
     return workers
 
 
-DriverFactory = Callable[[str, float, float], Any]
-"""``(url, timeout_s, stop_timeout_s) -> driver``: an engine's HTTP driver (``start_profile(prefix)
--> restarted``, ``stop()``, ``has_profiler_routes()``): :class:`~instrument.rollout.vllm.HttpEngineDriver`
-by default, :class:`SglangWorker` for SGLang. A driver whose ``refuses_idle_stop`` is true raises
-:class:`NotProfilingError` from a stop when nothing was profiling, so a stop it accepts flushed
-something even without a start recorded here."""
-
-
-class NotProfilingError(EngineProfilerError):
-    """The engine refused a stop because it was not profiling: nothing was flushed (not a failure)."""
-
-
-class SglangWorker:
-    """:class:`~instrument.rollout.sglang.SglangHttpDriver` as :func:`fan_out` drives it.
-
-    SGLang answers every refusal with a bare 500 (:class:`SglangRefusedError`), so a stop asks the
-    server's version first (a server that is not SGLang, or wants an API key, fails there with its
-    own message); a refused stop is then SGLang saying "not profiling". ``started_here``: a start
-    of this worker was recorded and not stopped, so a start flushes it first (SGLang 0.5.23 loses a
-    running session's trace when it refuses a second start, so that start is never sent while it
-    runs). ``stops_by_itself`` comes from the start's marker: that start sent ``num_steps``.
-    """
-
-    refuses_idle_stop = True
-
-    def __init__(self, driver: SglangHttpDriver, *, started_here: bool = False, stops_by_itself: bool = False) -> None:
-        self.driver = driver
-        self.started_here = started_here
-        driver.stops_by_itself = stops_by_itself
-
-    @property
-    def stops_by_itself(self) -> bool:
-        """The last start sent ``num_steps``: SGLang stops by itself, and refuses the stop after it."""
-        return self.driver.stops_by_itself
-
-    def has_profiler_routes(self) -> bool:
-        """SGLang always serves ``/start_profile``; ``True`` once the server names its SGLang version."""
-        self.driver.server_version()
-        return True
-
-    def start_profile(self, prefix: str | None = None) -> bool:
-        """Start profiling; ``True`` when a start recorded here was still running: flushed, then started again."""
-        restarted = False
-        if self.started_here:
-            try:
-                self.stop()
-                restarted = True
-            except NotProfilingError:
-                pass  # it had ended (num_steps, a stop from elsewhere, a restarted server): nothing to flush
-        self.driver.start(prefix)
-        self.started_here = True
-        return restarted
-
-    def stop(self) -> float:
-        """Stop and wait for the flush; :class:`NotProfilingError` when SGLang was not profiling."""
-        self.driver.server_version()  # a server that is not SGLang fails here, with its own message
-        try:
-            return self.driver.stop()  # a refusal after a num_steps start is not one: the driver knows
-        except SglangRefusedError:
-            raise NotProfilingError(
-                "not profiling: nothing flushed (SGLang refused the stop with a bare 500, as it does when not "
-                "profiling; its log says why)"
-            ) from None
-
-
-def _vllm_driver(url: str, timeout_s: float, stop_timeout_s: float) -> HttpEngineDriver:
-    return HttpEngineDriver(url, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
+DriverFactory = Callable[[str, float, float], ServerDriver]
+"""``(url, timeout_s, stop_timeout_s) -> driver``: the :class:`~instrument.rollout.ServerDriver` of one
+worker. A driver whose ``refuses_idle_stop`` is true raises :class:`NotProfilingError` from a stop
+when nothing was profiling, so a stop it accepts flushed something even without a start recorded here."""
 
 
 def _act(
@@ -236,7 +172,7 @@ def _act(
                 return outcome(True, "not-profiling", str(exc))
             if started_here is False and getattr(driver, "refuses_idle_stop", False):
                 return outcome(True, "flushed", "was profiling (not started from here): stopped, traces flushed")
-            if started_here is False:  # vLLM answers 200 to a stop without a start and writes nothing
+            if started_here is False:  # an engine that accepts a stop when idle flushed nothing for it
                 return outcome(True, "not-profiling", "not profiling: nothing flushed (no start recorded for it)")
             return outcome(True, "flushed", "stopped, traces flushed")
         if driver.has_profiler_routes():
@@ -260,8 +196,8 @@ def fan_out(
     concurrency: int = 16,
     timeout_s: float = 10.0,
     stop_timeout_s: float = 600.0,
+    driver_for: DriverFactory,
     progress: Callable[[str, WorkerOutcome | None], None] | None = None,
-    driver_for: DriverFactory | None = None,
     started: Collection[str] | None = None,
 ) -> list[WorkerOutcome]:
     """Run ``action`` on every worker, at most ``concurrency`` at a time; outcomes in input order.
@@ -272,7 +208,7 @@ def fan_out(
     stop_timeout_s``. A stop past its deadline is ``still-flushing`` when the server answers
     ``/health`` (one more ``min(timeout_s, 5)`` s). ``progress(url, None)`` is called as a worker's
     call begins, ``progress(url, outcome)`` as it ends (from the calling threads; it must not
-    raise). ``driver_for`` makes each worker's driver (default vLLM's). ``started``, when given,
+    raise). ``driver_for`` makes each worker's driver. ``started``, when given,
     lists the workers whose start was recorded: a stop of any other is ``not-profiling``.
     """
     if action not in ACTIONS:
@@ -283,13 +219,12 @@ def fan_out(
         raise ValueError(f"'concurrency' must be >= 1: {concurrency}")
     check_timeout(timeout_s, "timeout_s")
     check_timeout(stop_timeout_s, "stop_timeout_s")
-    make = driver_for or _vllm_driver
 
     def call(url: str) -> WorkerOutcome:
         if progress is not None:
             progress(url, None)
         here = None if started is None else url in started
-        outcome = _act(action, url, prefix, timeout_s, stop_timeout_s, make, here)
+        outcome = _act(action, url, prefix, timeout_s, stop_timeout_s, driver_for, here)
         if progress is not None:
             progress(url, outcome)
         return outcome

@@ -1,17 +1,17 @@
 """What ``instrument rollout start`` leaves for the stop, and the stop's relocation of every replica.
 
 ``start`` and ``stop`` are separate commands, so the start leaves one marker per worker URL: the
-prefix it sent and when (``time.time_ns()`` before the request), the engine (``vllm``, ``sglang``)
-and whether the start asked the engine to stop by itself (SGLang's ``num_steps``). The stop reads it to tell a
+prefix it sent and when (``time.time_ns()`` before the request), the engine's name and whether the
+start asked the engine to stop by itself (SGLang's ``num_steps``). The stop reads it to tell a
 stop after a start ("flushed") from a stop without one ("not profiling"), and to relocate only
 what the replicas wrote since this start. Markers live in ``$XDG_STATE_HOME/instrument/rollout``
 (default ``~/.local/state/...``) or ``--state-dir``; each is one small JSON file written to a
 temp name, fsynced and renamed over the old one, so a reader never sees half a marker.
 
-Relocation walks ``BASE/replica{N}`` (the directories :func:`instrument.rollout._profiler.replica_profiler_dir`
+Relocation walks ``BASE/replica{N}`` (the directories :func:`instrument.rollout.replica_profiler_dir`
 names, as ``instrument rollout launch-args`` gives them) and moves each replica's files with
-:func:`~instrument.rollout._profiler.relocate_engine_traces`: this step's only, by global rank,
-TP peers left in place, atomically (across filesystems too).
+:func:`~instrument.rollout.relocate_engine_traces`: this step's only, by global rank, TP peers
+left in place, atomically (across filesystems too), each listed through the caller's ``publish``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from pathlib import Path
 from instrument import ranks
 from instrument.config import ProfilerConfig
 from instrument.recorders import Publish
-from instrument.rollout._profiler import VLLM_TRACES, EngineTraces, process_publisher, relocate_engine_traces
+from instrument.rollout._profiler import relocate_engine_traces
 
 __all__ = [
     "MarkerStore",
@@ -43,6 +43,7 @@ __all__ = [
 ]
 
 _REPLICA_DIR = re.compile(r"^replica(\d+)$")
+_UNNAMED_ENGINE = "vllm"  # markers written before a second engine existed name none: they were all vLLM's
 _UNSAFE = re.compile(r"[^A-Za-z0-9.=+-]+")
 
 
@@ -54,7 +55,7 @@ class StartMarker:
     url: str
     prefix: str | None
     started_ns: int
-    engine: str = "vllm"
+    engine: str = _UNNAMED_ENGINE
     stops_by_itself: bool = False
 
     def clock(self) -> str:
@@ -84,12 +85,12 @@ class MarkerStore:
         """The marker of ``url``, or ``None`` when there is none or it cannot be read as one."""
         try:
             data = json.loads(self.path(url).read_text(encoding="utf-8"))
-            prefix, engine = data.get("prefix"), data.get("engine", "vllm")  # markers before SGLang name none
+            prefix, engine = data.get("prefix"), data.get("engine", _UNNAMED_ENGINE)
             marker = StartMarker(
                 str(data["url"]),
                 prefix if isinstance(prefix, str) else None,
                 int(data["started_ns"]),
-                engine if isinstance(engine, str) else "vllm",
+                engine if isinstance(engine, str) else _UNNAMED_ENGINE,
                 data.get("stops_by_itself") is True,
             )
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
@@ -160,14 +161,15 @@ def relocate_replicas(
     gpus_per_replica: int,
     world_size: int,
     since_ns: int | None,
-    traces: EngineTraces = VLLM_TRACES,
+    traces: ranks.TraceNames,
+    publish: Publish | None,
     quiet_s: float = 0.5,
     timeout_s: float = 120.0,
-    publish: Publish | None = None,
 ) -> list[ReplicaMove]:
     """Move what every replica under ``base`` wrote for ``step`` (since ``since_ns``) into ``save_path``.
 
-    Ranks kept are the configuration's (``ranks`` / ``all_ranks``) among ``world_size`` global
+    ``traces`` is the engine's grammar; each moved file's record goes to ``publish`` (``None``: no
+    manifest line). Ranks kept are the configuration's (``ranks`` / ``all_ranks``) among ``world_size`` global
     ranks of ``gpus_per_replica`` each; a replica directory past ``world_size`` is reported, not
     moved. Raises ``ValueError`` for bad numbers and ``OSError`` when ``base`` cannot be listed.
     """
@@ -177,7 +179,6 @@ def relocate_replicas(
     if world_size % gpus_per_replica:
         raise ValueError(f"'world_size' {world_size} is not a multiple of 'gpus_per_replica' {gpus_per_replica}")
     replicas = world_size // gpus_per_replica
-    listing = process_publisher(save_path) if publish is None else publish
     moves = []
     for replica, directory in replica_dirs(base):
         move = ReplicaMove(replica, str(directory))
@@ -201,7 +202,7 @@ def relocate_replicas(
             quiet_s=quiet_s,
             timeout_s=timeout_s,
             traces=traces,
-            publish=listing,
+            publish=publish,
             report=_reporter(move),
         )
         move.moved = [record.path for record in result.moved]

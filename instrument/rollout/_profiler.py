@@ -1,10 +1,12 @@
 """Rollout engines, whatever the engine: the driver protocol, which replica a worker drives,
 bringing an engine's traces home, and :class:`RolloutProfiler` for one rollout worker.
 
-An engine plugs in with two things: an :class:`EngineDriver` (start and stop its profiler) and an
-:class:`EngineTraces` value (how it names its trace files: the manifest's tool, how to tell a
-frontend trace, how to read the rank). vLLM's drivers are in :mod:`instrument.rollout.vllm`;
-:data:`SGLANG_TRACES` already describes SGLang's names. Imports neither vLLM nor torch.
+An engine plugs in with an :class:`EngineDriver` (start and stop its profiler) whose ``traces``
+is the engine's :class:`~instrument.ranks.TraceNames` (how it names its trace files: the
+manifest's tool, how to tell a frontend trace, how to read the rank); the rest of what differs
+between engines is its :class:`~instrument.rollout.EngineProfile`. Nothing here names an engine,
+reads the run or writes a manifest of its own: each relocated file goes to the ``publish``
+function the caller gives. Imports neither an engine nor torch.
 """
 
 from __future__ import annotations
@@ -12,34 +14,28 @@ from __future__ import annotations
 import json
 import logging
 import os
-import re
 import stat
-import threading
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from instrument import naming, ranks
 from instrument._files import move_into, wait_until_stable
 from instrument.config import ProfilerConfig
 from instrument.manifest import Manifest, TraceRecord
 from instrument.recorders import Publish, Report
-from instrument.run._state import STATE
 
 __all__ = [
-    "SGLANG_TRACES",
-    "VLLM_TRACES",
     "EngineDriver",
     "EngineProfilerError",
     "EngineStillFlushingError",
-    "EngineTraces",
     "LaunchArgs",
+    "NotProfilingError",
     "RelocationResult",
+    "RolloutProfiler",
     "engine_to_drive",
-    "prefixed_step",
-    "process_publisher",
     "relocate_engine_traces",
     "replica_profiler_dir",
 ]
@@ -53,6 +49,10 @@ class EngineProfilerError(RuntimeError):
 
 class EngineStillFlushingError(EngineProfilerError, TimeoutError):
     """A stop ran past its deadline while the server still answers: it is still writing its traces."""
+
+
+class NotProfilingError(EngineProfilerError):
+    """The engine refused a stop because it was not profiling: nothing was flushed (not a failure)."""
 
 
 @dataclass(frozen=True)
@@ -74,23 +74,6 @@ class LaunchArgs:
         return json.loads(self.args[self.args.index("--profiler-config") + 1])  # type: ignore[no-any-return]
 
 
-@dataclass(frozen=True)
-class EngineTraces:
-    """How one engine names its trace files: all that relocation needs to know about the engine."""
-
-    tool: str  # the manifest's "tool" for its traces
-    frontend_marker: str | None = None  # a part of the name only frontend (API server) traces carry
-    local_rank: ranks.LocalRankParser = ranks.engine_trace_local_rank  # the rank inside the replica
-
-    def is_frontend(self, filename: str) -> bool:
-        """Whether ``filename`` is a frontend trace (it has no GPU rank)."""
-        return self.frontend_marker is not None and self.frontend_marker in filename
-
-
-VLLM_TRACES = EngineTraces(tool="vllm", frontend_marker=".async_llm.")
-SGLANG_TRACES = EngineTraces(tool="sglang")
-
-
 @runtime_checkable
 class EngineDriver(Protocol):
     """Starts and stops one engine's profiler; :class:`RolloutProfiler` drives any such driver.
@@ -100,7 +83,7 @@ class EngineDriver(Protocol):
     """
 
     @property
-    def traces(self) -> EngineTraces:
+    def traces(self) -> ranks.TraceNames:
         """How this engine names its trace files."""
         ...
 
@@ -153,25 +136,19 @@ def _warn(what: str, exc: BaseException) -> None:
     logger.warning("instrument: %s: %s", what, exc)
 
 
-_STEP_PREFIX = re.compile(r"^step(\d+)[_-]")  # vLLM: step3_rank0…, SGLang: step3-{id}-TP-0…
-
-
-def prefixed_step(filename: str) -> int | None:
-    """The step in an engine file name with a ``step{S}_`` (vLLM) or ``step{S}-`` (SGLang) prefix, else ``None``."""
-    match = _STEP_PREFIX.match(filename)
-    return int(match[1]) if match else None
-
-
 MTIME_SLACK_NS = 2_000_000_000
 """File times come from a coarse clock (a kernel tick) or another machine's (NFS): a file written just
 after ``since_ns`` may carry a time a little before it. Earlier sessions' files are older than this."""
 
 
-def _candidates(source: Path, step: int, since_ns: int | None, result: RelocationResult) -> list[Path]:
+def _candidates(
+    source: Path, step: int, since_ns: int | None, traces: ranks.TraceNames, result: RelocationResult
+) -> list[Path]:
     """The regular files of ``source`` (never a link, never hidden) written for ``step``.
 
-    A name prefixed ``step{N}_`` with another N belongs to that step, and a file last modified
-    before ``since_ns`` to an earlier session: both stay where they are (``result.skipped``).
+    A name prefixed ``step{N}`` (joined as the engine joins it) with another N belongs to that step,
+    and a file last modified before ``since_ns`` to an earlier session: both stay where they are
+    (``result.skipped``).
     """
     found = []
     for path in source.iterdir():
@@ -181,7 +158,7 @@ def _candidates(source: Path, step: int, since_ns: int | None, result: Relocatio
             continue  # vanished since the listing
         if not stat.S_ISREG(st.st_mode) or path.name.startswith("."):
             continue
-        labelled = prefixed_step(path.name)
+        labelled = traces.step(path.name)
         stale = since_ns is not None and st.st_mtime_ns < since_ns - MTIME_SLACK_NS
         if (labelled is not None and labelled != step) or stale:
             result.skipped.append(str(path))
@@ -200,28 +177,29 @@ def relocate_engine_traces(
     gpus_per_replica: int,
     world_size: int,
     keep_ranks: Collection[int],
+    traces: ranks.TraceNames,
     role: str = "rollout",
     ranks_per_dp_rank: int | None = None,
     manifest: Manifest | None = None,
     since_ns: int | None = None,
     quiet_s: float = 0.5,
     timeout_s: float = 120.0,
-    traces: EngineTraces = VLLM_TRACES,
     publish: Publish | None = None,
     report: Report | None = None,
 ) -> RelocationResult:
     """Move the traces of ``replica`` from ``source_dir`` into ``save_path``, keeping only ``keep_ranks``.
 
-    ``traces`` says how the engine names its files (default vLLM's). Waits until the files stop
-    changing; a file whose rank cannot be read is kept (labelled ``rank-unknown``); frontend
-    traces are labelled ``frontend``; TP peers are left in place. Moves never overwrite
-    (cross-filesystem: temp copy, fsync, rename). Only this step's files move: a name prefixed
-    ``step{N}_`` for another step is never relabelled, and ``since_ns`` (the start of this
+    ``traces`` says how the engine names its files (``driver.traces``, ``EngineProfile.traces``).
+    Waits until the files stop changing; a file whose rank cannot be read is kept (labelled
+    ``rank-unknown``); frontend traces are labelled ``frontend``; TP peers are left in place. Moves
+    never overwrite (cross-filesystem: temp copy, fsync, rename). Only this step's files move: a
+    name prefixed ``step{N}`` for another step is never relabelled, and ``since_ns`` (the start of this
     profiling session, ``time.time_ns()``) skips files last modified before it (less
     :data:`MTIME_SLACK_NS`: file clocks are coarse); both are left in
     place (``result.skipped``). Links and other non-regular files are never touched.
 
-    Each moved file's record goes to ``publish`` (``manifest`` is short for ``publish=manifest.append``).
+    Each moved file's record goes to ``publish`` (``manifest`` is short for ``publish=manifest.append``;
+    neither: no manifest line).
     Problems (files still changing, a failed move, a failed ``publish``) go to ``report(what, exc)``
     (default: a warning) and relocation goes on. Raises ``OSError`` only when ``source_dir``
     cannot be listed.
@@ -231,7 +209,9 @@ def relocate_engine_traces(
         publish = manifest.append
     source = Path(source_dir)
     result = RelocationResult()
-    candidates = _candidates(source, step, since_ns, result)
+    if not isinstance(traces, ranks.TraceNames):
+        raise TypeError(f"'traces' must be a TraceNames: {type(traces).__name__}")
+    candidates = _candidates(source, step, since_ns, traces, result)
     # A file that vanishes while we wait is a change like any other: the rest are still waited for.
     if not wait_until_stable(candidates, quiet_s=quiet_s, timeout_s=timeout_s, missing_ok=True):
         result.settled = False
@@ -270,7 +250,7 @@ def relocate_engine_traces(
             window=None,
             partial=False,
             bytes=size,
-            tool=traces.tool,
+            tool=traces.engine,
         )
         result.moved.append(record)
         if publish is not None:
@@ -281,55 +261,22 @@ def relocate_engine_traces(
     return result
 
 
-# --------------------------------------------------------------------------- one manifest per process
-
-
-_MANIFESTS: dict[str, Manifest] = {}
-_MANIFESTS_LOCK = threading.Lock()
-
-
-def _forget_after_fork() -> None:
-    # A child must not write into its parent's manifest (its name carries the parent's pid) nor
-    # wait on a lock a parent thread held at the fork.
-    global _MANIFESTS_LOCK
-    _MANIFESTS.clear()
-    _MANIFESTS_LOCK = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_after_fork)
-
-
-def process_publisher(save_path: str | os.PathLike[str]) -> Publish:
-    """Where this process lists engine traces saved into ``save_path``.
-
-    The session's ``publish`` when a session of this process writes into the same ``save_path``
-    (one manifest, and ``finish()`` returns them), else one :class:`Manifest` per ``save_path``
-    for the whole process, however many profilers write into it.
-    """
-    target = os.path.abspath(save_path)
-    session = STATE.session
-    publish = getattr(session, "publish", None)
-    config = getattr(session, "config", None)
-    if callable(publish) and config is not None and os.path.abspath(config.save_path) == target:
-        return cast(Publish, publish)
-    with _MANIFESTS_LOCK:
-        manifest = _MANIFESTS.get(target)
-        if manifest is None:
-            manifest = _MANIFESTS[target] = Manifest(target)
-    return manifest.append
-
-
 # --------------------------------------------------------------------------- one rollout worker
 
 
 class RolloutProfiler:
-    """Profile the engine of one rollout worker on the configured steps, through any :class:`EngineDriver`.
+    """Profile the engine of one rollout worker on the chosen steps, through any :class:`EngineDriver`.
 
     Never raises after construction: each kind of failure is warned about once and counted
     (:attr:`failures`), and training goes on. ``rank`` / ``world_size`` are global GPU ranks; the
     worker at a replica's local rank 0 drives it. ``profiler_base`` is the directory the engine's
     launch arguments named through :func:`replica_profiler_dir` (pass the same base here).
-    Manifest lines go to ``manifest`` if given, else to :func:`process_publisher`'s choice.
+
+    What the profiler does not decide is passed in: ``publish`` lists each relocated trace (in a
+    configured process, the run's, so ``finish()`` returns it; else ``manifest=Manifest(save_path)``,
+    short for ``publish=manifest.append``); one of them is required unless ``relocate_results`` is
+    off. ``profiles_step(step)`` says whether a step is recorded (in a configured process, the
+    run's answer, triggers included); by default ``config.profiles_step``.
     """
 
     def __init__(
@@ -342,11 +289,25 @@ class RolloutProfiler:
         gpus_per_replica: int,
         profiler_base: str | os.PathLike[str],
         role: str = "rollout",
+        publish: Publish | None = None,
         manifest: Manifest | None = None,
+        profiles_step: Callable[[int], bool] | None = None,
     ) -> None:
         ranks.validate_ranks([rank], world_size, field="rank")
         if not isinstance(driver, EngineDriver):
             raise TypeError(f"'driver' must have traces, start() and stop(): {type(driver).__name__}")
+        if publish is not None and manifest is not None:
+            raise TypeError("give 'publish' or 'manifest', not both (manifest= is short for publish=manifest.append)")
+        if manifest is not None:
+            publish = manifest.append
+        if publish is None and config.relocate_results:
+            raise TypeError(
+                "RolloutProfiler needs 'publish' (where each relocated trace is listed: the run's, in a configured "
+                "process) or 'manifest' (manifest=instrument.manifest.Manifest(config.save_path))"
+            )
+        for name, value in (("publish", publish), ("profiles_step", profiles_step)):
+            if value is not None and not callable(value):
+                raise TypeError(f"'{name}' must be callable: {value!r}")
         self.config = config
         self.driver = driver
         self.rank = rank
@@ -355,7 +316,8 @@ class RolloutProfiler:
         self.role = role
         self.replica = engine_to_drive(rank, gpus_per_replica=gpus_per_replica, world_size=world_size, config=config)
         self.profiler_dir = None if self.replica is None else replica_profiler_dir(profiler_base, self.replica)
-        self.manifest = manifest
+        self.publish = publish
+        self.profiles_step = profiles_step or config.profiles_step
         self.failures = 0  # failures absorbed so far (each kind warned about once)
         self.records: list[TraceRecord] = []
         self._warned: set[str] = set()
@@ -378,19 +340,12 @@ class RolloutProfiler:
             exc,
         )
 
-    def _publish(self, record: TraceRecord) -> None:
-        if self.manifest is not None:
-            self.manifest.append(record)
-        else:
-            process_publisher(self.config.save_path)(record)
-
     def _profiles(self, step: int) -> bool:
-        # Inside a configured run with this step open, the run decides (triggers and SIGUSR1
-        # included): one lifecycle for the trainer's stages and its engine.
-        session = STATE.session
-        if session is not None and session.step == step:
-            return bool(session.step_profiled)
-        return self.config.profiles_step(step)
+        try:
+            return bool(self.profiles_step(step))
+        except Exception as exc:  # the caller's function: a failure like any other, and the step goes unrecorded
+            self._fail("could not tell whether the step is profiled", exc, step)
+            return False
 
     def start(self, step: int) -> bool:
         """Start the engine profiler if this worker drives a replica and ``step`` is profiled."""
@@ -432,7 +387,7 @@ class RolloutProfiler:
                 role=self.role,
                 since_ns=self._started_ns,
                 traces=self.driver.traces,
-                publish=self._publish,
+                publish=self.publish,
                 report=lambda what, exc: self._fail(what, exc, step),
             )
         except Exception as exc:
@@ -446,3 +401,14 @@ class RolloutProfiler:
                 step,
             )
         return result.moved
+
+
+_FORMER_NAMES = {"VLLM_TRACES": "vllm", "SGLANG_TRACES": "sglang"}
+
+
+def __getattr__(name: str) -> ranks.TraceNames:
+    # The built-in engines' grammars under their names from before engine profiles, for callers not yet
+    # moved to EngineProfile.traces (tests/test_scale.py): remove with the last of them.
+    if name in _FORMER_NAMES:
+        return ranks.trace_names(_FORMER_NAMES[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

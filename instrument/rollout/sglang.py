@@ -27,7 +27,9 @@ release      what changed
 
 Unknown body fields are ignored by every release (pydantic's default), so the version decides
 what is *honoured*; only fields the target knows are sent, and a wish it cannot honour is warned
-about. Imports neither SGLang nor torch.
+about. :data:`PROFILE` is SGLang's :class:`~instrument.rollout.EngineProfile` (trace names
+:data:`TRACES`; :class:`SglangWorker` drives a server for ``instrument rollout``), registered as
+a built-in. Imports neither SGLang nor torch.
 """
 
 from __future__ import annotations
@@ -40,18 +42,22 @@ import re
 import time
 from typing import Any
 
+from instrument import ranks
 from instrument.config import ProfilerConfig
-from instrument.ranks import sglang_trace_local_rank
 from instrument.rollout._engine_http import post_stop_profile, server_healthy
+from instrument.rollout._engines import EngineProfile
 from instrument.rollout._http import check_http_url, check_timeout
 from instrument.rollout._http import request as http_request
-from instrument.rollout._profiler import SGLANG_TRACES, EngineProfilerError, LaunchArgs
+from instrument.rollout._profiler import EngineProfilerError, LaunchArgs, NotProfilingError
 
 __all__ = [
+    "PROFILE",
     "SGLANG_TRACES",
+    "TRACES",
     "LaunchArgs",
     "SglangHttpDriver",
     "SglangRefusedError",
+    "SglangWorker",
     "check_prefix",
     "installed_sglang_version",
     "parse_version",
@@ -62,6 +68,13 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+TRACES = ranks.trace_names("sglang")
+"""How SGLang names its trace files (``[{prefix}-]{id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}]…`` and memory
+snapshots): the grammar :mod:`instrument.ranks` holds for the built-in engines."""
+
+SGLANG_TRACES = TRACES
+"""The former name of :data:`TRACES`."""
 
 Version = tuple[int, int, int, int]  # major, minor, patch, post
 
@@ -256,6 +269,17 @@ def _show(version: Version) -> str:
 # --------------------------------------------------------------------------- trace names
 
 
+def sglang_trace_local_rank(filename: str) -> int | None:
+    """The rank inside its replica written in an SGLang trace or memory snapshot name, or ``None``.
+
+    The TP rank, for names without ``-DP-`` / ``-PP-`` (EP ranks live on the TP ranks' GPUs).
+    With ``-DP-`` or ``-PP-`` the GPU depends on the engine's mode and sizes (DP attention
+    numbers TP ranks across DP ranks, plain DP does not), so ``None``: relocation keeps such a
+    file, labelled ``rank-unknown``, rather than risk dropping the wrong one.
+    """
+    return TRACES.local_rank(filename)
+
+
 # --------------------------------------------------------------------------- driving
 
 
@@ -265,7 +289,7 @@ class SglangRefusedError(EngineProfilerError):
 
 class SglangHttpDriver:
     """Start and stop one SGLang server's profiler over HTTP (``POST /start_profile`` with a JSON body,
-    ``POST /stop_profile``); an :class:`instrument.rollout._profiler.EngineDriver`.
+    ``POST /stop_profile``); an :class:`instrument.rollout.EngineDriver`.
 
     The body comes from :func:`sglang_start_body` for the server's version: ``sglang_version``,
     else the server's own answer (``GET /server_info``, ``/get_server_info`` before 0.5.8), asked
@@ -279,7 +303,7 @@ class SglangHttpDriver:
     here, naming the field.
     """
 
-    traces = SGLANG_TRACES
+    traces = TRACES
 
     def __init__(
         self,
@@ -408,3 +432,95 @@ class SglangHttpDriver:
             )
             raise SglangRefusedError(f"{self.base_url}/{route} answered 500: most likely {hint}; the server log says")
         raise EngineProfilerError(f"{self.base_url}/{route} answered {status}: {text[:200]!r}")
+
+
+# --------------------------------------------------------------------------- instrument rollout
+
+
+class SglangWorker:
+    """:class:`SglangHttpDriver` as ``instrument rollout`` drives it (a :class:`~instrument.rollout.ServerDriver`).
+
+    SGLang answers every refusal with a bare 500 (:class:`SglangRefusedError`), so a stop asks the
+    server's version first (a server that is not SGLang, or wants an API key, fails there with its
+    own message); a refused stop is then SGLang saying "not profiling". ``started_here``: a start
+    of this worker was recorded and not stopped, so a start flushes it first (SGLang 0.5.23 loses a
+    running session's trace when it refuses a second start, so that start is never sent while it
+    runs). ``stops_by_itself`` comes from the start's marker: that start sent ``num_steps``.
+    """
+
+    refuses_idle_stop = True
+
+    def __init__(self, driver: SglangHttpDriver, *, started_here: bool = False, stops_by_itself: bool = False) -> None:
+        self.driver = driver
+        self.started_here = started_here
+        driver.stops_by_itself = stops_by_itself
+
+    @property
+    def stops_by_itself(self) -> bool:
+        """The last start sent ``num_steps``: SGLang stops by itself, and refuses the stop after it."""
+        return self.driver.stops_by_itself
+
+    def has_profiler_routes(self) -> bool:
+        """SGLang always serves ``/start_profile``; ``True`` once the server names its SGLang version."""
+        self.driver.server_version()
+        return True
+
+    def start_profile(self, prefix: str | None = None) -> bool:
+        """Start profiling; ``True`` when a start recorded here was still running: flushed, then started again."""
+        restarted = False
+        if self.started_here:
+            try:
+                self.stop()
+                restarted = True
+            except NotProfilingError:
+                pass  # it had ended (num_steps, a stop from elsewhere, a restarted server): nothing to flush
+        self.driver.start(prefix)
+        self.started_here = True
+        return restarted
+
+    def stop(self) -> float:
+        """Stop and wait for the flush; :class:`NotProfilingError` when SGLang was not profiling."""
+        self.driver.server_version()  # a server that is not SGLang fails here, with its own message
+        try:
+            return self.driver.stop()  # a refusal after a num_steps start is not one: the driver knows
+        except SglangRefusedError:
+            raise NotProfilingError(
+                "not profiling: nothing flushed (SGLang refused the stop with a bare 500, as it does when not "
+                "profiling; its log says why)"
+            ) from None
+
+
+def _launch_args(config: ProfilerConfig, *, profiler_dir: str, version: str | None) -> LaunchArgs:
+    return profiler_launch_args(config, profiler_dir=profiler_dir, sglang_version=version)
+
+
+def _server_driver(
+    url: str,
+    config: ProfilerConfig,
+    *,
+    timeout_s: float,
+    stop_timeout_s: float,
+    started_here: bool,
+    stops_by_itself: bool,
+) -> SglangWorker:
+    # No output_dir: each server writes into its launch's SGLANG_TORCH_PROFILER_DIR (launch-args --replica N).
+    driver = SglangHttpDriver(url, config, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
+    return SglangWorker(driver, started_here=started_here, stops_by_itself=stops_by_itself)
+
+
+PROFILE = EngineProfile(
+    name="sglang",
+    label="SGLang",
+    traces=TRACES,
+    launch_args=_launch_args,
+    http_driver=_server_driver,
+    installed_version=installed_sglang_version,
+    version_example="0.5.23",
+    launch_command="python -m sglang.launch_server --model-path MODEL",
+    launch_summary="VAR=value environment assignments (SGLANG_TORCH_PROFILER_DIR, and what the version reads of "
+    "stacks and shapes)",
+    start_sends_config=True,
+    check_prefix=check_prefix,
+    writes_when="SGLang writes into it at the stop",
+)
+"""SGLang as ``instrument rollout --engine sglang`` and relocation know it."""

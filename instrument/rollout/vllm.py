@@ -7,13 +7,15 @@ A rollout step runs on vLLM engines. For a profiled step
    version knows, else the ``VLLM_TORCH_PROFILER_*`` environment variables;
 2. :class:`HttpEngineDriver` (a server) or :class:`InProcessEngineDriver` (``LLM`` / ``AsyncLLM``)
    starts and stops the engine profiler;
-3. the engine-generic part, in :mod:`instrument.rollout._profiler`, picks the replicas to drive
+3. the engine-generic part, in :mod:`instrument.rollout`, picks the replicas to drive
    (:func:`engine_to_drive`), moves the traces into ``save_path`` (:func:`relocate_engine_traces`)
    and ties it together per worker (:class:`RolloutProfiler`). Those names are importable from
    here too.
 
-``EngineDriver`` here is the in-process driver's former name, kept as an alias; the driver
-protocol is :class:`instrument.rollout._profiler.EngineDriver`. Imports neither vLLM nor torch.
+:data:`PROFILE` is vLLM's :class:`~instrument.rollout.EngineProfile` (its trace names are
+:data:`TRACES`), registered as a built-in. ``EngineDriver`` here is the in-process driver's former
+name, kept as an alias; the driver protocol is :class:`instrument.rollout.EngineDriver`. Imports
+neither vLLM nor torch.
 """
 
 from __future__ import annotations
@@ -30,12 +32,13 @@ import time
 from collections.abc import Collection
 from typing import Any
 
+from instrument import ranks
 from instrument.config import ProfilerConfig
 from instrument.rollout._engine_http import post_stop_profile, server_healthy
+from instrument.rollout._engines import EngineProfile
 from instrument.rollout._http import check_http_url, check_timeout
 from instrument.rollout._http import request as http_request
 from instrument.rollout._profiler import (
-    VLLM_TRACES,
     EngineProfilerError,
     EngineStillFlushingError,
     LaunchArgs,
@@ -52,6 +55,8 @@ __all__ = [
     "EngineStillFlushingError",
     "HttpEngineDriver",
     "InProcessEngineDriver",
+    "PROFILE",
+    "TRACES",
     "LaunchArgs",
     "RelocationResult",
     "RolloutProfiler",
@@ -64,6 +69,10 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+TRACES = ranks.trace_names("vllm")
+"""How vLLM names its trace files (workers ``[{prefix}_]rank{R}.{ns}.pt.trace.json.gz`` and older forms,
+frontends ``….async_llm.…``): the grammar :mod:`instrument.ranks` holds for the built-in engines."""
 
 PROFILER_CONFIG_SINCE = (0, 13)
 """First vLLM release with ``--profiler-config``."""
@@ -215,7 +224,7 @@ class HttpEngineDriver:
     unreachable, not HTTP, short body), each with a message naming the request.
     """
 
-    traces = VLLM_TRACES
+    traces = TRACES
 
     def __init__(self, base_url: str, *, timeout_s: float = 10.0, stop_timeout_s: float = 600.0) -> None:
         self.base_url = check_http_url(base_url)
@@ -288,7 +297,7 @@ class HttpEngineDriver:
 class InProcessEngineDriver:
     """Start and stop the profiler of an in-process engine (``vllm.LLM`` or ``AsyncLLM``)."""
 
-    traces = VLLM_TRACES
+    traces = TRACES
 
     def __init__(self, engine: Any) -> None:
         if not callable(getattr(engine, "start_profile", None)) or not callable(getattr(engine, "stop_profile", None)):
@@ -330,4 +339,40 @@ async def _await(awaitable: Any) -> None:
 
 
 EngineDriver = InProcessEngineDriver
-"""The former name of :class:`InProcessEngineDriver` (the driver protocol is ``engines.EngineDriver``)."""
+"""The former name of :class:`InProcessEngineDriver` (the driver protocol is ``instrument.rollout.EngineDriver``)."""
+
+
+# --------------------------------------------------------------------------- the engine profile
+
+
+def _launch_args(config: ProfilerConfig, *, profiler_dir: str, version: str | None) -> LaunchArgs:
+    return profiler_launch_args(config, profiler_dir=profiler_dir, vllm_version=version)
+
+
+def _server_driver(
+    url: str,
+    config: ProfilerConfig,
+    *,
+    timeout_s: float,
+    stop_timeout_s: float,
+    started_here: bool,
+    stops_by_itself: bool,
+) -> HttpEngineDriver:
+    # vLLM's profiler is configured at launch, and its stop says nothing of an earlier start: nothing to pass on.
+    return HttpEngineDriver(url, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
+
+
+PROFILE = EngineProfile(
+    name="vllm",
+    label="vLLM",
+    traces=TRACES,
+    launch_args=_launch_args,
+    http_driver=_server_driver,
+    installed_version=installed_vllm_version,
+    version_example="0.14.0",
+    launch_command="vllm serve MODEL",
+    launch_summary="'--profiler-config <json>' for vLLM >= 0.13 (only fields that version knows), else VAR=value "
+    "environment assignments",
+    writes_when="vLLM makes replicaN there at the first stop",
+)
+"""vLLM as ``instrument rollout --engine vllm`` and relocation know it."""

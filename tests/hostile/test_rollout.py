@@ -24,9 +24,10 @@ from typing import TypeVar
 import pytest
 
 import instrument as ins
-from instrument.rollout import _http
+from instrument.manifest import Manifest
+from instrument.rollout import RolloutProfiler, _http
 from instrument.rollout._fanout import fan_out, list_router_workers
-from instrument.rollout.vllm import HttpEngineDriver, RolloutProfiler
+from instrument.rollout.vllm import HttpEngineDriver
 
 T = TypeVar("T")
 Behaviour = Callable[[socket.socket, str, threading.Event], None]
@@ -34,6 +35,10 @@ Behaviour = Callable[[socket.socket, str, threading.Event], None]
 HANG_GUARD_S = 60  # only against a hang; no assertion depends on it
 DRIP_BYTES = 120  # at one byte a second: two minutes, far past any deadline used here
 OPENAPI = json.dumps({"paths": {"/start_profile": {}, "/stop_profile": {}}}).encode()
+
+
+def _vllm(url: str, timeout_s: float, stop_timeout_s: float) -> HttpEngineDriver:
+    return HttpEngineDriver(url, timeout_s=timeout_s, stop_timeout_s=stop_timeout_s)
 
 
 # --------------------------------------------------------------------------- peers
@@ -215,7 +220,7 @@ def test_stop_against_a_drip_ends_at_the_stop_timeout(peer: Callable[[Behaviour]
 
 def test_a_status_line_dripped_byte_by_byte_is_bounded_too(peer: Callable[[Behaviour], str]) -> None:
     drip = peer(drip_headers)
-    outcomes = _in_thread(lambda: fan_out("status", [drip], timeout_s=2))
+    outcomes = _in_thread(lambda: fan_out("status", [drip], timeout_s=2, driver_for=_vllm))
     assert [(o.ok, "timed out after 2 s" in o.detail) for o in outcomes] == [(False, True)]
 
 
@@ -237,6 +242,7 @@ def test_rollout_profiler_stop_during_training_is_bounded(
         world_size=1,
         gpus_per_replica=1,
         profiler_base=tmp_path / "prof",
+        manifest=Manifest(cfg.save_path),
     )
     assert profiler.start(1) is True
     with caplog.at_level(logging.WARNING, logger="instrument"):
@@ -334,7 +340,7 @@ def test_deadlines_must_be_finite_and_positive(bad: float) -> None:
     with pytest.raises(ValueError, match="must be a finite number of seconds > 0"):
         HttpEngineDriver("http://127.0.0.1:1", stop_timeout_s=bad)
     with pytest.raises(ValueError, match="'timeout_s' must be a finite number of seconds > 0"):
-        fan_out("status", ["http://127.0.0.1:1"], timeout_s=bad)
+        fan_out("status", ["http://127.0.0.1:1"], timeout_s=bad, driver_for=_vllm)
 
 
 @pytest.mark.parametrize("bad", [True, "5", None])

@@ -14,9 +14,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import instrument as ins
-from instrument.manifest import read_manifests
+from instrument.manifest import Manifest, read_manifests
+from instrument.rollout import relocate_engine_traces
 from instrument.rollout._markers import MarkerStore, StartMarker, default_state_dir, relocate_replicas, summary
-from instrument.rollout._profiler import prefixed_step, relocate_engine_traces
+from instrument.rollout.sglang import TRACES as SGLANG
+from instrument.rollout.vllm import TRACES as VLLM
 
 
 def test_markers_round_trip_and_are_replaced_whole(tmp_path: Path) -> None:
@@ -58,8 +60,9 @@ def test_the_state_dir_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Pa
     st.integers(min_value=0, max_value=10**9), st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789._", max_size=30)
 )
 def test_the_step_prefix_is_read_back(step: int, rest: str) -> None:
-    assert prefixed_step(f"step{step}_{rest}") == step
-    assert prefixed_step(f"rank0.{step}.pt.trace.json.gz") is None
+    assert VLLM.step(f"step{step}_{rest}") == step
+    assert VLLM.step(f"rank0.{step}.pt.trace.json.gz") is None
+    assert SGLANG.step(f"step{step}-{rest}") == step  # each engine joins the prefix its own way
 
 
 # --------------------------------------------------------------------------- relocation of every replica
@@ -84,8 +87,9 @@ def test_each_replica_by_its_directory_this_step_only_tp_peers_left(tmp_path: Pa
     since = time.time_ns() - 10**9
     cfg = ins.ProfilerConfig(ranks=(1, 2))  # replica 0 keeps its local rank 1, replica 1 its local rank 0
     moves = relocate_replicas(
-        base, save_path=save, step=3, config=cfg, gpus_per_replica=2, world_size=4, since_ns=since, quiet_s=0.05
-    )
+        base, save_path=save, step=3, config=cfg, gpus_per_replica=2, world_size=4, since_ns=since, quiet_s=0.05,
+        traces=VLLM, publish=Manifest(save).append,
+    )  # fmt: skip
     assert [(m.replica, m.moved, m.dropped, m.skipped, m.failed) for m in moves] == [
         (0, ["rollout_engine_step3_rank1-of-4_replica0_step3_rank1.2.pt.trace.json.gz"], 1, 1, []),
         (1, ["rollout_engine_step3_rank2-of-4_replica1_step3_rank0.3.pt.trace.json.gz"], 1, 1, []),
@@ -103,7 +107,7 @@ def test_a_replica_past_the_world_is_reported_and_left(tmp_path: Path) -> None:
     _write(base / "replica2", ["step1_rank0.1.pt.trace.json.gz"])
     [move] = relocate_replicas(
         base, save_path=tmp_path / "save", step=1, config=ins.ProfilerConfig(all_ranks=True), gpus_per_replica=1,
-        world_size=2, since_ns=None, quiet_s=0.05,
+        world_size=2, since_ns=None, quiet_s=0.05, traces=VLLM, publish=None,
     )  # fmt: skip
     assert move.moved == [] and "replica 2 is past the 2 replicas of --world-size 2" in move.failed[0]
     assert (base / "replica2" / "step1_rank0.1.pt.trace.json.gz").exists()
@@ -117,7 +121,7 @@ def test_bad_numbers_are_refused_before_anything_moves(tmp_path: Path, gpus: int
     with pytest.raises(ValueError, match=message):
         relocate_replicas(
             tmp_path / "prof", save_path=tmp_path / "save", step=1, config=ins.ProfilerConfig(),
-            gpus_per_replica=gpus, world_size=world, since_ns=None,
+            gpus_per_replica=gpus, world_size=world, since_ns=None, traces=VLLM, publish=None,
         )  # fmt: skip
     assert (tmp_path / "prof" / "replica0" / "step1_rank0.1.pt.trace.json.gz").exists()
 
@@ -144,6 +148,7 @@ def test_relocation_across_filesystems_is_complete_and_never_overwrites(tmp_path
     save.mkdir()
     taken = save / "rollout_engine_step1_rank0-of-1_replica0_step1_rank0.1.pt.trace.json.gz"
     kw = {"save_path": save, "step": 1, "replica": 0, "gpus_per_replica": 1, "world_size": 1, "keep_ranks": {0}}
+    kw["traces"] = VLLM
     taken.write_bytes(b"mine")  # already there: never overwritten, the source stays
     result = relocate_engine_traces(source, quiet_s=0.05, report=lambda what, exc: None, **kw)  # type: ignore[arg-type]
     assert result.failed and taken.read_bytes() == b"mine" and (source / "step1_rank0.1.pt.trace.json.gz").exists()

@@ -1,5 +1,5 @@
 """The engine-generic rollout path: the driver protocol, relocation over each engine's names, and
-:class:`RolloutProfiler`'s failures (one warning per kind) and manifest (one per process).
+:class:`RolloutProfiler`'s failures (one warning per kind) and where its manifest lines go (``publish``).
 
 Everything runs on real files; the engine is :class:`_Engine`, a stand-in for ``vllm.LLM`` (a real
 vLLM is too slow for this file: tests/rollout/test_vllm_server.py has it).
@@ -14,23 +14,26 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import instrument as ins
-from instrument.manifest import MANIFEST_GLOB, Manifest, TraceRecord, read_manifests
-from instrument.rollout._profiler import (
-    SGLANG_TRACES,
+from instrument.manifest import MANIFEST_GLOB, Manifest, read_manifests
+from instrument.recorders import Publish
+from instrument.rollout import (
     EngineDriver,
     RelocationResult,
-    process_publisher,
+    RolloutProfiler,
     relocate_engine_traces,
     replica_profiler_dir,
+    sglang,
+    vllm,
 )
-from instrument.rollout.vllm import HttpEngineDriver, InProcessEngineDriver, RolloutProfiler
+from instrument.rollout.vllm import HttpEngineDriver, InProcessEngineDriver
+from instrument.run._state import STATE
 
 
 class _Engine:
@@ -53,24 +56,45 @@ class _Engine:
                 (self.directory / f"{self.prefix}_rank{local}.{time.time_ns()}.pt.trace.json.gz").write_bytes(b"t" * 10)
 
 
-def _profiler(
-    tmp_path: Path, engine_kw: dict[str, bool] | None = None, manifest: Manifest | None = None
-) -> RolloutProfiler:
+def _profiler(tmp_path: Path, engine_kw: dict[str, bool] | None = None, **wiring: Any) -> RolloutProfiler:
+    """A profiler of one GPU on steps 1-3; ``wiring`` is ``publish`` / ``manifest`` / ``profiles_step``
+    (default: a manifest of its own in save_path)."""
     cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1, 2, 3))
     base = tmp_path / "prof"
     engine = _Engine(replica_profiler_dir(base, 0), **(engine_kw or {}))
     driver = InProcessEngineDriver(engine)
-    return RolloutProfiler(cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=base, manifest=manifest)
+    if not {"publish", "manifest"} & set(wiring):
+        wiring["manifest"] = Manifest(cfg.save_path)
+    return RolloutProfiler(cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=base, **wiring)
+
+
+def _run_wiring(config: ins.ProfilerConfig) -> tuple[Publish, Callable[[int], bool]]:
+    """What the run hands a rollout profiler in a configured process: its ``publish`` (one manifest, and
+    ``finish()`` returns the files) and its answer for the open step (triggers and SIGUSR1 included).
+
+    A stand-in, built here from the private session, for the function the run package is to expose
+    (``RunInfo.publish`` / ``RunInfo.records``): swap it in when it exists.
+    """
+    session = STATE.session
+    assert session is not None, "configure() first"
+    run = ins.current_run()
+    assert run is not None
+
+    def profiles_step(step: int) -> bool:
+        return run.step_profiled if run.step == step else config.profiles_step(step)
+
+    return session.publish, profiles_step
 
 
 def _relocate(tmp_path: Path, names: list[str], **overrides: Any) -> RelocationResult:
-    """Write ``names`` into an engine directory and relocate them (one replica of one GPU unless overridden)."""
+    """Write ``names`` into an engine directory and relocate them (one replica of one GPU, vLLM's names,
+    unless overridden)."""
     source = tmp_path / "engine"
     source.mkdir(exist_ok=True)
     for name in names:
         (source / name).write_bytes(b"t")
     kw: dict[str, Any] = {"save_path": tmp_path / "save", "step": 1, "replica": 0, "gpus_per_replica": 1}
-    kw.update(world_size=1, keep_ranks={0}, quiet_s=0.05)
+    kw.update(world_size=1, keep_ranks={0}, quiet_s=0.05, traces=vllm.TRACES)
     return relocate_engine_traces(source, **{**kw, **overrides})
 
 
@@ -105,9 +129,10 @@ def test_a_step_without_engine_traces_is_warned_once(tmp_path: Path, caplog: pyt
 # --------------------------------------------------------------------------- manifest
 
 
-def test_profilers_of_one_process_share_one_manifest(tmp_path: Path) -> None:
+def test_profilers_given_one_manifest_share_it(tmp_path: Path) -> None:
     cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,), ranks=(0, 2))
     base = tmp_path / "prof"
+    manifest = Manifest(cfg.save_path)
     profilers = [
         RolloutProfiler(
             cfg,
@@ -116,6 +141,7 @@ def test_profilers_of_one_process_share_one_manifest(tmp_path: Path) -> None:
             world_size=4,
             gpus_per_replica=2,
             profiler_base=base,
+            manifest=manifest,
         )
         for rank in (0, 2)
     ]
@@ -127,9 +153,11 @@ def test_profilers_of_one_process_share_one_manifest(tmp_path: Path) -> None:
 
 
 def test_in_a_configured_process_engine_traces_join_the_runs_manifest(tmp_path: Path) -> None:
-    """The session publishes them: one manifest for the process, and finish() lists them."""
-    run = ins.configure(ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,)), role="rollout", rank=0)
-    profiler = _profiler(tmp_path)
+    """The run's publish lists them: one manifest for the process, and finish() returns them."""
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,))
+    run = ins.configure(cfg, role="rollout", rank=0)
+    publish, profiles_step = _run_wiring(cfg)
+    profiler = _profiler(tmp_path, publish=publish, profiles_step=profiles_step)
     assert profiler.start(1)
     [record] = profiler.stop(1)
     assert [Path(f).name for f in ins.finish()] == [record.path]
@@ -140,7 +168,8 @@ def test_the_run_decides_which_steps_the_engine_records(tmp_path: Path) -> None:
     """A step the run profiles on demand (here: SIGUSR1's flag) is recorded by the engine too."""
     cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(3,), on_demand=True)
     ins.configure(cfg, role="rollout", rank=0)
-    profiler = _profiler(tmp_path)  # its own config profiles steps 1-3
+    publish, profiles_step = _run_wiring(cfg)
+    profiler = _profiler(tmp_path, publish=publish, profiles_step=profiles_step)  # its own config: steps 1-3
     with ins.profile_step(1):
         assert not profiler.start(1)  # the run does not profile step 1
     os.kill(os.getpid(), signal.SIGUSR1)  # profile the next step
@@ -178,22 +207,26 @@ def test_an_unwritable_manifest_does_not_stop_relocation(tmp_path: Path, caplog:
     assert "could not list an engine trace in the manifest" in caplog.text
 
 
-def test_a_forked_child_gets_its_own_manifest(tmp_path: Path) -> None:
-    save = tmp_path / "save"
-    save.mkdir()
-    record = TraceRecord(path="a", role="rollout", stage="engine", step=1, rank=0, world_size=1, bytes=1, tool="vllm")
-    process_publisher(save)(record)
-    pid = os.fork()
-    if pid == 0:  # the child: publish, then leave without running pytest's teardown
-        try:
-            process_publisher(save)(record)
-        finally:
-            os._exit(0)
-    os.waitpid(pid, 0)
-    names = sorted(p.name for p in save.glob(MANIFEST_GLOB))
-    assert len(names) == 2
-    assert any(f"pid{pid}" in name for name in names)
-    assert any(f"pid{os.getpid()}" in name for name in names)
+def test_where_the_lines_go_is_the_callers_to_say(tmp_path: Path) -> None:
+    """No manifest of the profiler's own: a relocating profiler is told where to list its traces."""
+    with pytest.raises(TypeError, match="needs 'publish'"):
+        _profiler(tmp_path, publish=None, manifest=None)
+    with pytest.raises(TypeError, match="not both"):
+        _profiler(tmp_path, publish=print, manifest=Manifest(tmp_path))
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,), relocate_results=False)
+    driver = InProcessEngineDriver(_Engine(str(tmp_path / "prof" / "replica0")))
+    profiler = RolloutProfiler(cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=tmp_path / "prof")
+    assert profiler.start(1) and profiler.stop(1) == []  # nothing moves, so nothing is listed
+
+
+def test_a_failing_profiles_step_is_a_counted_failure(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    def broken(step: int) -> bool:
+        raise RuntimeError("no run")
+
+    profiler = _profiler(tmp_path, profiles_step=broken)
+    with caplog.at_level(logging.WARNING, logger="instrument"):
+        assert profiler.start(1) is False
+    assert profiler.failures == 1 and "could not tell whether the step is profiled" in caplog.text
 
 
 # --------------------------------------------------------------------------- hostile engine directories
@@ -229,7 +262,7 @@ def test_a_file_vanishing_during_the_wait_neither_ends_it_nor_fails(tmp_path: Pa
 def test_sglang_traces_relocate_with_their_own_naming(tmp_path: Path) -> None:
     names = [f"1712345678.123-TP-{tp}.trace.json.gz" for tp in (0, 1)]
     result = _relocate(
-        tmp_path, names, replica=1, gpus_per_replica=2, world_size=4, keep_ranks={3}, traces=SGLANG_TRACES
+        tmp_path, names, replica=1, gpus_per_replica=2, world_size=4, keep_ranks={3}, traces=sglang.TRACES
     )
     assert [(r.rank, r.tool, r.stage) for r in result.moved] == [(3, "sglang", "engine")]
     assert [Path(p).name for p in result.dropped] == ["1712345678.123-TP-0.trace.json.gz"]
@@ -258,7 +291,9 @@ def test_an_async_engine_inside_a_running_loop_is_a_counted_failure_not_a_stray_
 
     cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,))
     driver = InProcessEngineDriver(AsyncEngine())
-    profiler = RolloutProfiler(cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=tmp_path)
+    profiler = RolloutProfiler(
+        cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=tmp_path, manifest=Manifest(cfg.save_path)
+    )
 
     async def training_step() -> bool:
         return profiler.start(1)

@@ -33,9 +33,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import instrument as ins
-from instrument.manifest import read_manifests
-from instrument.rollout._http import HttpError
-from instrument.rollout._profiler import (
+from instrument.manifest import Manifest, read_manifests
+from instrument.rollout import (
     EngineDriver,
     EngineProfilerError,
     EngineStillFlushingError,
@@ -43,8 +42,9 @@ from instrument.rollout._profiler import (
     relocate_engine_traces,
     replica_profiler_dir,
 )
+from instrument.rollout._http import HttpError
 from instrument.rollout.sglang import (
-    SGLANG_TRACES,
+    TRACES,
     SglangHttpDriver,
     profiler_launch_args,
     sglang_start_body,
@@ -207,7 +207,9 @@ def test_the_driver_posts_the_exact_body_and_relocates_one_rank(
     base = tmp_path / "sglang-prof"
     driver = SglangHttpDriver(sglang_server.url, cfg, output_dir=replica_profiler_dir(base, 1))
     assert isinstance(driver, EngineDriver)
-    rollout = RolloutProfiler(cfg, driver, rank=2, world_size=4, gpus_per_replica=2, profiler_base=base)
+    rollout = RolloutProfiler(
+        cfg, driver, rank=2, world_size=4, gpus_per_replica=2, profiler_base=base, manifest=Manifest(save)
+    )
     assert rollout.start(1) is False  # not a profiled step: no request at all
     assert sglang_server.requests == []
     assert rollout.start(2) is True
@@ -261,7 +263,7 @@ def test_relocation_leaves_other_steps_and_moves_across_filesystems(tmp_path: Pa
             gpus_per_replica=2,
             world_size=2,
             keep_ranks={0},
-            traces=SGLANG_TRACES,
+            traces=TRACES,
             quiet_s=0.05,
         )
         moved = {r.path: (save / r.path).read_bytes() for r in result.moved}
@@ -365,7 +367,9 @@ def test_a_rollout_profiler_on_an_unreachable_sglang_never_raises(tmp_path: Path
         driver = SglangHttpDriver(f"http://127.0.0.1:{port}", cfg, timeout_s=2)
         with pytest.raises(HttpError, match="unreachable"):
             driver.server_version()
-        rollout = RolloutProfiler(cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=tmp_path)
+        rollout = RolloutProfiler(
+            cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=tmp_path, manifest=Manifest(tmp_path)
+        )
         assert rollout.start(1) is False
         assert rollout.stop(1) == []
         assert rollout.failures == 1

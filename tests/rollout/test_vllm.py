@@ -22,6 +22,7 @@ import instrument as ins
 from instrument.manifest import Manifest, read_manifests
 from instrument.rollout._http import HttpTimeoutError
 from instrument.rollout.vllm import (
+    TRACES,
     EngineDriver,
     EngineProfilerError,
     EngineStillFlushingError,
@@ -139,6 +140,7 @@ def test_relocation_keeps_requested_ranks_labels_frontend_and_keeps_unknown(tmp_
         gpus_per_replica=2,
         world_size=4,
         keep_ranks={2},
+        traces=TRACES,
         manifest=Manifest(save),
         quiet_s=0.05,
     )
@@ -172,7 +174,7 @@ def test_relocation_waits_for_a_growing_file(tmp_path: Path) -> None:
     writer.start()
     result = relocate_engine_traces(
         source, save_path=tmp_path / "save", step=1, replica=0, gpus_per_replica=1, world_size=1, keep_ranks={0},
-        quiet_s=0.3,
+        quiet_s=0.3, traces=TRACES,
     )  # fmt: skip
     writer.join()
     assert [r.bytes for r in result.moved] == [8000]
@@ -183,7 +185,7 @@ def test_relocation_skips_files_older_than_the_step(tmp_path: Path) -> None:
     os.utime(source / "rank0.1.pt.trace.json.gz", ns=(1, 1))
     result = relocate_engine_traces(
         source, save_path=tmp_path / "save", step=2, replica=0, gpus_per_replica=1, world_size=1, keep_ranks={0},
-        since_ns=time.time_ns() - 10**9, quiet_s=0.05,
+        since_ns=time.time_ns() - 10**9, quiet_s=0.05, traces=TRACES,
     )  # fmt: skip
     assert result.moved == []
 
@@ -277,8 +279,9 @@ def test_a_rollout_profiler_never_raises_into_training(
     url, _routes = stub  # no profiling routes: every call is a 404
     cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,))
     profiler = RolloutProfiler(
-        cfg, HttpEngineDriver(url), rank=0, world_size=1, gpus_per_replica=1, profiler_base=tmp_path / "prof"
-    )
+        cfg, HttpEngineDriver(url), rank=0, world_size=1, gpus_per_replica=1, profiler_base=tmp_path / "prof",
+        manifest=Manifest(cfg.save_path),
+    )  # fmt: skip
     assert profiler.start(1) is False
     assert profiler.stop(1) == []
     assert profiler.failures == 1

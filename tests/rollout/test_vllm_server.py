@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument.manifest import read_manifests
+from instrument.manifest import Manifest, read_manifests
 from instrument.rollout.vllm import HttpEngineDriver, RolloutProfiler, replica_profiler_dir
 from tests.vllm_support.fixtures import tiny_model, vllm_python  # noqa: F401
 from tests.vllm_support.router import VllmRouter
@@ -118,6 +118,7 @@ def test_a_rollout_worker_profiles_its_step_and_relocates_its_traces(fleet: Flee
         world_size=2,
         gpus_per_replica=1,
         profiler_base=fleet.base,
+        manifest=Manifest(save),
     )
     for step in (1, 2):
         assert rollout.start(step) is (step == 2)
@@ -216,9 +217,14 @@ def test_tp2_keeps_only_the_selected_rank_of_the_replica(
         ready = time.monotonic() - started
         driver = HttpEngineDriver(server.url, stop_timeout_s=120)
         # Global ranks 0 and 1 form replica 0; rank 0 (its local rank 0) drives it, rank 1 does not.
-        bystander = RolloutProfiler(cfg, driver, rank=1, world_size=2, gpus_per_replica=2, profiler_base=base)
+        manifest = Manifest(cfg.save_path)
+        bystander = RolloutProfiler(
+            cfg, driver, rank=1, world_size=2, gpus_per_replica=2, profiler_base=base, manifest=manifest
+        )
         assert bystander.start(1) is False
-        rollout = RolloutProfiler(cfg, driver, rank=0, world_size=2, gpus_per_replica=2, profiler_base=base)
+        rollout = RolloutProfiler(
+            cfg, driver, rank=0, world_size=2, gpus_per_replica=2, profiler_base=base, manifest=manifest
+        )
         assert rollout.start(1) is True
         server.completion("Hello world")
         moved = rollout.stop(1)
