@@ -1,6 +1,7 @@
 """The user's finish hook: its environment, and one bounded ``/bin/sh -c CMD`` that never raises.
 
-* :func:`hook_environment` builds the ``INSTRUMENT_PROFILE_*`` variables the hook reads.
+* :func:`hook_environment` builds the ``INSTRUMENT_PROFILE_*`` variables the hook reads (and the same
+  values as ``VERL_PROFILE_*``, so a command moved over from verl keeps working).
 * :func:`run_finish_hook` runs ``/bin/sh -c CMD`` once, in its own process group, with those
   values only in the environment (never spliced into ``CMD``), shows its output on stderr or in the log,
   and kills the whole group at the timeout, through a watchdog process that does so even when this
@@ -34,6 +35,7 @@ from instrument.finish._reaper import TERM_GRACE_S
 
 __all__ = [
     "ENV_PREFIX",
+    "VERL_ENV_PREFIX",
     "MAX_LOGGED_LINES",
     "OUTPUTS",
     "TAIL_LINES",
@@ -45,7 +47,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 ENV_PREFIX = "INSTRUMENT_PROFILE_"
-"""Prefix of every variable :func:`hook_environment` sets."""
+"""Prefix of the variables :func:`hook_environment` sets."""
+
+VERL_ENV_PREFIX = "VERL_PROFILE_"
+"""verl's prefix: :func:`hook_environment` sets each variable under it too, with the same value."""
 
 _TERM_GRACE_S = TERM_GRACE_S  # between SIGTERM and SIGKILL of the hook's process group
 _READER_GRACE_S = 2.0  # draining output still buffered in the pipe after the shell exited
@@ -65,13 +70,13 @@ def hook_environment(
     steps: Sequence[int],
     manifest: str,
 ) -> dict[str, str]:
-    """The ``INSTRUMENT_PROFILE_*`` variables for the finish hook.
+    """The ``INSTRUMENT_PROFILE_*`` variables for the finish hook, each also as ``VERL_PROFILE_*``.
 
     ``SAVE_PATH`` and ``MANIFEST`` are made absolute (the hook may ``cd``); ``STEPS`` lists the
     profiled steps ascending, comma-separated (empty when none).  Values are passed as they are:
     the hook reads them as data, so they need no quoting.
     """
-    return {
+    env = {
         f"{ENV_PREFIX}SAVE_PATH": os.path.abspath(save_path),
         f"{ENV_PREFIX}TOOL": tool,
         f"{ENV_PREFIX}ROLE": role,
@@ -81,6 +86,8 @@ def hook_environment(
         f"{ENV_PREFIX}STEPS": ",".join(str(s) for s in sorted(set(steps))),
         f"{ENV_PREFIX}MANIFEST": os.path.abspath(manifest) if manifest else "",
     }
+    # verl exports VERL_PROFILE_*: a finish_hook_cmd moved over from verl reads the same values there.
+    return {**env, **{VERL_ENV_PREFIX + name[len(ENV_PREFIX) :]: value for name, value in env.items()}}
 
 
 # --------------------------------------------------------------------------- running the hook

@@ -91,7 +91,8 @@ def _capture_info(caplog: pytest.LogCaptureFixture) -> None:
 def test_hook_environment_values() -> None:
     env = _env(steps=[5, 1, 3, 3])
     assert set(env) == {
-        f"INSTRUMENT_PROFILE_{k}"
+        f"{prefix}{k}"
+        for prefix in ("INSTRUMENT_PROFILE_", "VERL_PROFILE_")
         for k in ("SAVE_PATH", "TOOL", "ROLE", "RANK", "WORLD_SIZE", "PID", "STEPS", "MANIFEST")
     }
     assert env["INSTRUMENT_PROFILE_SAVE_PATH"] == os.path.join(os.getcwd(), "outputs/profile")
@@ -101,6 +102,18 @@ def test_hook_environment_values() -> None:
     assert env["INSTRUMENT_PROFILE_WORLD_SIZE"] == "4"
     assert env["INSTRUMENT_PROFILE_PID"] == "4242"
     assert _env(steps=[])["INSTRUMENT_PROFILE_STEPS"] == ""
+
+
+def test_verl_names_carry_the_same_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A finish_hook_cmd moved over from verl reads $VERL_PROFILE_*: the same values as INSTRUMENT_PROFILE_*."""
+    env = _env(steps=[2, 1], role="actor")
+    for name, value in env.items():
+        if name.startswith("INSTRUMENT_PROFILE_"):
+            assert env["VERL_PROFILE_" + name[len("INSTRUMENT_PROFILE_") :]] == value
+    monkeypatch.chdir(tmp_path)
+    cmd = 'printf "%s|%s|%s" "$VERL_PROFILE_SAVE_PATH" "$VERL_PROFILE_RANK" "$VERL_PROFILE_ROLE" > verl.txt'
+    assert _run(cmd, env=env).ok
+    assert (tmp_path / "verl.txt").read_text(encoding="utf-8") == f"{env['INSTRUMENT_PROFILE_SAVE_PATH']}|0|actor"
 
 
 # --------------------------------------------------------------------------- run_finish_hook
@@ -115,7 +128,7 @@ def test_values_reach_the_hook_as_data(tmp_path: Path, monkeypatch: pytest.Monke
     save_path = tmp_path / "out dir; $(touch PWNED5) `touch PWNED6` ünï"
     env = _env(role=role, save_path=str(save_path), manifest=str(save_path / "m $(touch PWNED7).jsonl"))
     cmd = (
-        "env | grep '^INSTRUMENT_PROFILE_' | sort > env.txt; "
+        "env | grep -E '^(INSTRUMENT|VERL)_PROFILE_' | sort > env.txt; "
         'printf %s "$INSTRUMENT_PROFILE_ROLE" > role.txt; '
         'printf %s "$INSTRUMENT_PROFILE_SAVE_PATH" > save.txt'
     )
