@@ -12,10 +12,13 @@ from instrument.ranks import (
     is_profiled_rank,
     keep_engine_trace,
     local_rank_of,
+    parse_engine_trace_name,
     profiled_ranks,
     ranks_to_keep,
+    registered_trace_names,
     replica_of,
     replicas_to_drive,
+    trace_names,
     validate_ranks,
 )
 
@@ -161,6 +164,21 @@ def test_drive_rejects_bad_replica_size() -> None:
 )
 def test_engine_trace_local_rank(name: str, local_rank: int | None) -> None:
     assert engine_trace_local_rank(name) == local_rank
+
+
+def test_engine_names_say_which_engine_wrote_them_and_what_they_carry() -> None:
+    assert [names.engine for names in registered_trace_names()][:2] == ["vllm", "sglang"]  # the built-ins, first
+    vllm = parse_engine_trace_name("out/step2_dp1_pp0_tp0_dcp0_ep0_rank1.123.pt.trace.json.gz")
+    assert vllm is not None and (vllm.engine, vllm.dp, vllm.rank, vllm.step) == ("vllm", 1, 1, 2)
+    assert (vllm.local_rank(), vllm.local_rank(ranks_per_dp_rank=2)) == (None, 3)
+    frontend = parse_engine_trace_name("step2_node1_4242.async_llm.123.pt.trace.json.gz")
+    assert frontend is not None and (frontend.engine, frontend.frontend, frontend.pid) == ("vllm", True, 4242)
+    sglang = parse_engine_trace_name("step2-1712.5-TP-1-DP-1.trace.json.gz")
+    assert sglang is not None and (sglang.engine, sglang.rank, sglang.step) == ("sglang", None, 2)  # GPU: mode-bound
+    assert parse_engine_trace_name("notes.txt") is None
+    assert trace_names("sglang").step("step2_1712.5-TP-1.trace.json.gz") is None  # SGLang joins with "-"
+    with pytest.raises(ValueError, match="no engine named 'trtllm'; registered: vllm, sglang"):
+        trace_names("trtllm")
 
 
 def test_keep_engine_trace() -> None:
