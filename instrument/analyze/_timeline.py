@@ -1,0 +1,882 @@
+"""Where a step's time goes across roles: busy and idle per rank, who waited for whom, the critical path,
+consistent stragglers and the findings in words (pure; standard library only).
+
+Input: :class:`Span` values on one clock (the caller aligns the clocks of different hosts and says how
+well: ``clock_uncertainty_ns``). Output: a :class:`TimelineReport` whose :meth:`~TimelineReport.to_json`
+is the ``timeline`` / ``findings`` contract of ``instrument analyze --json``.
+
+Semantics (where the issue is silent, the choice is marked *chosen*):
+
+- **Lane.** One process in one step: the ``(role, rank)`` of its step span. A stage span joins the lane of
+  its own ``(role, rank)``; when that has no step span in the step and exactly one lane at its rank does,
+  it joins that one (*chosen*: a fused process naming a stage after another role,
+  ``profiled_stage(name, role="critic")``); otherwise it forms a lane of its own whose step extent is its
+  stages' extent. Stage time outside its lane's step span is cut off, so busy + idle == the step span.
+- **Busy** is the union of the lane's stage spans (nested stages and concurrent threads counted once);
+  **idle** is the rest of its step span, as **gaps**. Window spans are accepted and not used.
+- **Wall time** of a step: earliest lane start to latest lane end. Unaligned: the longest lane (*chosen*:
+  across hosts only durations are known, and the step lasted at least that long).
+- **Waited for.** Only top-level stages (not inside another stage of the same lane) are candidates. A gap
+  ``[a, b]`` inside or at the head of a step is attributed to the latest-ending stage on *another* lane
+  that started before ``b`` and ended within ``[b - uncertainty - tolerance, b + uncertainty]`` and not
+  before ``a - uncertainty`` (*chosen*: a stage that ended before the rank went idle was not waited for);
+  another role's stage is preferred. A gap at the end of a lane's step (it finished early) goes to the
+  latest-ending stage of the step on another lane, of any role, that ended after the gap began. Otherwise
+  the gap is ``unattributed`` (role and rank null). Ties: the lower lane ``(role, rank)``.
+  :data:`WAIT_TOLERANCE_NS` is the hand-off latency allowed between a producer's end and the resume.
+- **Critical path** (aligned only), in time order, tiling the step: from the step's end, the top-level stage
+  that ended last; inside a lane's busy time, the covering stage that started first; at the start of a
+  lane's busy run, what the lane waited for (rule above, the gap before that run) and, on that stage's
+  lane, on. Time on the path when no stage ran (before the first stage, after the last one, a hand-off
+  latency, an unattributed gap) is a part with stage ``"idle"`` on the lane that was waiting (*chosen*), so
+  the parts add up to the wall time exactly (in ns).
+- **Roles.** ``busy_ms`` / ``idle_ms`` are rank-time: summed over the role's lanes (*chosen*; ``ranks``
+  says how many); ``idle_pct`` = idle / (busy + idle); ``waited_for`` adds the causes by (role, stage).
+- **Generation** (*chosen*): a stage named ``generate_sequences`` or ``generate``, or any stage of the role
+  ``rollout``. Its share of a step is the union of such stages over all lanes / wall time (unaligned: the
+  longest lane's).
+- **Stragglers.** A stage's time on a lane is the union of its calls there. On a step, a lane is slow at a
+  (role, stage) when its time is >= :data:`STRAGGLER_RATIO` x the median of its peers (the other lanes with
+  that role and stage in that step) and at least :data:`FLOOR_MS` and :data:`FLOOR_SHARE` of the step.
+  A consistent straggler is slow on more than half of the steps where it ran, and on at least 2 of them
+  unless the timeline holds one step (*chosen*: a stage that ran once in a long run is not "consistent").
+- **Findings**, largest ``lost_ms`` first; ``lost_ms`` is time per step, averaged over all analysed steps
+  (*chosen*, so a one-off and a steady loss compare). straggler: one per straggling (role, rank), naming its
+  stage with the most excess and how many others (*chosen*: a rank slow in every chunk of generation is one
+  finding, not ten); lost: its time over its peers' median on its slow steps; the text says who waited for
+  it and how long. bubble: a role whose idle time is >= :data:`BUBBLE_MIN_SHARE` of its rank-time (roles
+  that never ran a stage, a driver holding the step open, are left out); lost: idle time per rank; the text
+  names the main causes. dominant_stage: the (role, stage) with the largest median share of the step
+  (critical-path time; unaligned: its longest lane), when >= :data:`DOMINANT_MIN_SHARE`; "lost" is its time
+  per step. slow_step: the steps >= :data:`SLOW_STEP_RATIO` x the median step (with >= 3 steps); lost:
+  their time over the median; the text names the stage that grew most on the slowest.
+- **Unaligned clocks** (``aligned=False``): per-lane durations only; ``waited_for`` and ``critical_path``
+  are empty and ``clock.note`` says so; findings that need no cross-rank timestamps are still made.
+
+JSON: the contract's keys, plus ``clock.note``, ``skipped_spans``, each step's ``generation_ms`` /
+``generation_pct``, each role's ``waited_for`` and a bubble's ``waiting_for``; milliseconds rounded to µs.
+Cost: linear in the spans but for a sort per lane and per role (no rank is compared with every other:
+"what ended as this rank resumed" is a bisection in the step's stage ends, by role).
+
+One module of ~850 lines, on purpose for now: the step analysis, the judgement across steps and the words
+share private index types (lanes, the per-role end index), and it is moved whole into ``analyzers/``; the
+rulers mark where it splits (values, one step, across steps, words) when the package is rearranged.
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "BUBBLE_MIN_SHARE",
+    "DOMINANT_MIN_SHARE",
+    "FLOOR_MS",
+    "FLOOR_SHARE",
+    "GENERATION_ROLE",
+    "GENERATION_STAGES",
+    "IDLE",
+    "SLOW_STEP_RATIO",
+    "STRAGGLER_RATIO",
+    "UNALIGNED_NOTE",
+    "UNATTRIBUTED",
+    "WAIT_TOLERANCE_NS",
+    "ClockInfo",
+    "Finding",
+    "RankTimeline",
+    "RoleTimeline",
+    "Span",
+    "StepTimeline",
+    "TimeShare",
+    "TimelineReport",
+    "analyze_timeline",
+    "findings_text",
+]
+
+NS_PER_MS = 1_000_000
+WAIT_TOLERANCE_NS = 5_000_000  # a collective's release, an RPC or a Ray object fetch on a busy host
+STRAGGLER_RATIO = 1.2  # below it, run-to-run noise of equal work
+FLOOR_MS = 2.0  # below it a stage is timer noise: never a straggler, never a bubble
+FLOOR_SHARE = 0.01  # a stage under 1% of its step is not worth a straggler finding
+BUBBLE_MIN_SHARE = 0.10
+DOMINANT_MIN_SHARE = 0.25
+SLOW_STEP_RATIO = 1.5
+SLOW_STEP_MIN_STEPS = 3  # a median of two is their mean: one step cannot stand out against it
+MAX_STRAGGLER_FINDINGS = 10  # thousands of ranks can hold many; the largest are the ones to read
+GENERATION_STAGES = frozenset({"generate_sequences", "generate"})
+GENERATION_ROLE = "rollout"
+IDLE = "idle"
+UNATTRIBUTED = "unattributed"
+UNALIGNED_NOTE = (
+    "Clocks of different hosts are not aligned: busy and idle are per rank, from durations only; "
+    "no waits across ranks and no critical path."
+)
+_TIMES = "\u00d7"
+_DASH = "\u2013"
+
+_Key = tuple[str, int]  # a lane: (role, rank)
+_Top = tuple[int, int, "Span"]  # a top-level stage, clipped to its lane: (start, end, span)
+# A stage in the per-role index, sorted so that the one preferred on a tie comes last:
+# (end, -lane index, -start, -thread, start, lane index, span).
+_Ended = tuple[int, int, int, int, int, int, "Span"]
+_FAR = 1 << 62  # later than any clock (ns)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Span:
+    """One recorded interval: ``kind`` is ``"step"`` (a ``profile_step``), ``"stage"`` or ``"window"``."""
+
+    kind: str
+    role: str
+    stage: str
+    step: int
+    rank: int
+    start_ns: int
+    end_ns: int
+    thread: int = 0
+
+
+def _ms(ns: float) -> float:
+    return ns / NS_PER_MS
+
+
+def _round(value: float) -> float:
+    return round(value, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeShare:
+    """Time given to one stage on one rank (a critical-path part, or what a rank waited for).
+
+    ``stage`` is :data:`IDLE` for critical-path time when no stage ran and :data:`UNATTRIBUTED` for a wait
+    with no cause (then ``role`` and ``rank`` are ``None``)."""
+
+    role: str | None
+    stage: str
+    rank: int | None
+    ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "stage": self.stage, "rank": self.rank, "ms": _round(self.ms)}
+
+
+@dataclass(frozen=True, slots=True)
+class RankTimeline:
+    """One lane in one step: busy (its stages' union), idle (the rest of its step span), and the causes."""
+
+    rank: int
+    role: str
+    busy_ms: float
+    idle_ms: float
+    waited_for: tuple[TimeShare, ...]  # largest first; empty when clocks are not aligned
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "role": self.role,
+            "busy_ms": _round(self.busy_ms),
+            "idle_ms": _round(self.idle_ms),
+            "waited_for": [w.to_json() for w in self.waited_for],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class RoleTimeline:
+    """A role's lanes in one step, in rank-time (summed over its ``ranks`` lanes)."""
+
+    role: str
+    ranks: int
+    busy_ms: float
+    idle_ms: float
+    waited_for: tuple[TimeShare, ...]  # by (role, stage) of the cause; rank None; largest first
+
+    @property
+    def idle_pct(self) -> float:
+        total = self.busy_ms + self.idle_ms
+        return 100.0 * self.idle_ms / total if total > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranks": self.ranks,
+            "busy_ms": _round(self.busy_ms),
+            "idle_ms": _round(self.idle_ms),
+            "idle_pct": round(self.idle_pct, 2),
+            "waited_for": [{"role": w.role, "stage": w.stage, "ms": _round(w.ms)} for w in self.waited_for],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeline:
+    """One step across all lanes."""
+
+    step: int
+    wall_ms: float
+    critical_path: tuple[TimeShare, ...]  # in time order; sums to wall_ms; empty when clocks are not aligned
+    roles: Mapping[str, RoleTimeline]
+    ranks: tuple[RankTimeline, ...]  # by (role, rank)
+    generation_ms: float
+
+    @property
+    def generation_pct(self) -> float:
+        return 100.0 * self.generation_ms / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "wall_ms": _round(self.wall_ms),
+            "critical_path": [p.to_json() for p in self.critical_path],
+            "roles": {name: role.to_json() for name, role in sorted(self.roles.items())},
+            "ranks": [r.to_json() for r in self.ranks],
+            "generation_ms": _round(self.generation_ms),
+            "generation_pct": round(self.generation_pct, 2),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One sentence with its numbers; ``lost_ms`` is per step, averaged over the analysed steps."""
+
+    kind: str  # "straggler" | "bubble" | "dominant_stage" | "slow_step"
+    text: str
+    lost_ms: float
+    role: str | None
+    stage: str | None
+    rank: int | None
+    steps: tuple[int, ...]
+    waiting_for: tuple[str, str] | None = None  # a bubble's main cause: (role, stage)
+
+    def to_json(self) -> dict[str, Any]:
+        cause = self.waiting_for
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "lost_ms": _round(self.lost_ms),
+            "role": self.role,
+            "stage": self.stage,
+            "rank": self.rank,
+            "steps": list(self.steps),
+            "waiting_for": None if cause is None else {"role": cause[0], "stage": cause[1]},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClockInfo:
+    aligned: bool
+    max_uncertainty_ms: float | None  # None when not aligned
+    note: str | None  # why waits and critical paths are missing, when they are
+
+    def to_json(self) -> dict[str, Any]:
+        return {"aligned": self.aligned, "max_uncertainty_ms": self.max_uncertainty_ms, "note": self.note}
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineReport:
+    clock: ClockInfo
+    steps: tuple[StepTimeline, ...]  # by step
+    findings: tuple[Finding, ...]  # largest lost_ms first
+    skipped_spans: int  # spans that end before they start, or of an unknown kind
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "timeline": {
+                "clock": self.clock.to_json(),
+                "steps": [s.to_json() for s in self.steps],
+                "skipped_spans": self.skipped_spans,
+            },
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def findings_text(report: TimelineReport, limit: int = 5) -> list[str]:
+    """The first ``limit`` findings' sentences, largest loss first."""
+    return [f.text for f in report.findings[:limit]]
+
+
+# --------------------------------------------------------------------------- one step
+
+
+class _Lane:
+    """One process in one step, while it is analysed (mutable scratch; the result is a RankTimeline)."""
+
+    __slots__ = ("blocks", "busy", "by_stage", "end", "generation", "index", "rank", "role", "start", "top_ends")
+
+    def __init__(self, key: _Key, index: int, start: int, end: int) -> None:
+        self.role, self.rank = key
+        self.index = index
+        self.start = start
+        self.end = end
+        self.blocks: list[tuple[int, int]] = []  # busy runs: the merged top-level stages
+        self.top_ends: list[int] = []  # the ends of its top-level stages: ascending, as their starts are
+        self.busy = 0
+        self.by_stage: dict[tuple[str, str], int] = {}  # (role, stage) -> ns, the union of its calls
+        self.generation = 0
+
+
+class _Step:
+    """The analysis of one step; :meth:`result` builds the step's values once the lanes are indexed."""
+
+    def __init__(
+        self,
+        step: int,
+        step_spans: dict[_Key, list[int]],
+        stage_spans: list[Span],
+        aligned: bool,
+        uncertainty: int,
+        tolerance: int,
+    ) -> None:
+        self.step = step
+        self.aligned = aligned
+        self.uncertainty = uncertainty
+        self.tolerance = tolerance
+        self.path: list[tuple[str, str, int, int]] = []  # the critical path: (role, stage, rank, ns)
+        self.wall = 0
+        members = self._assign(step_spans, stage_spans)
+        self.lanes: list[_Lane] = []
+        self.tops: list[list[_Top]] = []
+        by_role: dict[str, list[_Ended]] = defaultdict(list)
+        self.generation_runs: list[tuple[int, int]] = []
+        for index, key in enumerate(sorted(members)):
+            spans = members[key]
+            window = step_spans.get(key)
+            if window is not None:
+                start, end = window
+            else:
+                start, end = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+            lane = _Lane(key, index, start, end)
+            self.tops.append(self._index_lane(lane, spans, by_role[lane.role] if aligned else None))
+            self.lanes.append(lane)
+        self.by_role: dict[str, list[_Ended]] = {}
+        self.ends_by_role: dict[str, list[int]] = {}
+        for role in sorted(by_role):
+            entries = sorted(by_role[role])  # unique on the first four: the span is never compared
+            self.by_role[role] = entries
+            self.ends_by_role[role] = [e[0] for e in entries]
+
+    @staticmethod
+    def _assign(step_spans: dict[_Key, list[int]], stage_spans: list[Span]) -> dict[_Key, list[Span]]:
+        members: dict[_Key, list[Span]] = {key: [] for key in step_spans}
+        owners: dict[int, list[_Key]] = defaultdict(list)
+        for key in step_spans:
+            owners[key[1]].append(key)
+        for span in stage_spans:
+            key = (span.role, span.rank)
+            if key not in step_spans:
+                at_rank = owners.get(span.rank)
+                if at_rank is not None and len(at_rank) == 1:
+                    key = at_rank[0]  # a fused process naming this stage after another role
+            group = members.get(key)
+            if group is None:
+                members[key] = group = []
+            group.append(span)
+        return members
+
+    def _index_lane(self, lane: _Lane, spans: list[Span], role_index: list[_Ended] | None) -> list[_Top]:
+        start, end = lane.start, lane.end
+        clipped = []
+        for s in spans:
+            a = s.start_ns if s.start_ns > start else start
+            b = s.end_ns if s.end_ns < end else end
+            if b > a:
+                clipped.append((a, -b, s.thread, s.role, s.stage, s))
+        # By start, the longer first: a span that ends within the reach of those before it is nested.
+        clipped.sort()  # equal up to the span: equal spans (Span orders by its fields)
+        top: list[_Top] = []
+        runs: dict[tuple[str, str], list[int]] = {}  # (role, stage) -> [run start, run end, total before]
+        gen_run: list[int] | None = None
+        reach = start
+        for a, neg_b, thread, role, stage, s in clipped:
+            b = -neg_b
+            run = runs.get((role, stage))
+            if run is None:
+                runs[(role, stage)] = [a, b, 0]
+            elif a <= run[1]:
+                run[1] = max(run[1], b)
+            else:
+                run[2] += run[1] - run[0]
+                run[0], run[1] = a, b
+            if stage in GENERATION_STAGES or role == GENERATION_ROLE:
+                if gen_run is not None and a <= gen_run[1]:
+                    gen_run[1] = max(gen_run[1], b)
+                else:
+                    if gen_run is not None:
+                        self.generation_runs.append((gen_run[0], gen_run[1]))
+                        lane.generation += gen_run[1] - gen_run[0]
+                    gen_run = [a, b]
+            if top and b <= reach:
+                continue  # inside a stage of this lane that started no later
+            if lane.blocks and a <= reach:
+                lane.blocks[-1] = (lane.blocks[-1][0], b)
+            else:
+                lane.blocks.append((a, b))
+            top.append((a, b, s))
+            lane.top_ends.append(b)
+            reach = b
+            if role_index is not None:  # only waits need it, and only aligned clocks have waits
+                role_index.append((b, -lane.index, -a, -thread, a, lane.index, s))
+        if gen_run is not None:
+            self.generation_runs.append((gen_run[0], gen_run[1]))
+            lane.generation += gen_run[1] - gen_run[0]
+        lane.by_stage = {key: total + b - a for key, (a, b, total) in runs.items()}
+        lane.busy = sum(b - a for a, b in lane.blocks)
+        return top
+
+    # ---------------------------------------------------------------- who waited for whom
+
+    def _latest(self, role: str, low: int, high: int, lane: int, before: int) -> _Ended | None:
+        """The latest-ending stage of ``role`` that ended in [low, high], on a lane other than ``lane``,
+        and started before ``before``."""
+        ends = self.ends_by_role[role]
+        entries = self.by_role[role]
+        i = bisect_right(ends, high) - 1
+        while i >= 0 and ends[i] >= low:
+            entry = entries[i]
+            if entry[5] != lane and entry[4] < before:
+                return entry
+            i -= 1
+        return None
+
+    def _waited_for(self, lane: _Lane, gap_start: int, gap_end: int, *, at_end: bool) -> _Ended | None:
+        """What ``lane`` waited for in its idle gap ``[gap_start, gap_end]`` (rules in the module docstring)."""
+        unc = self.uncertainty
+        if at_end:  # whatever ended last elsewhere, after this lane stopped
+            low, high, before = gap_start - unc + 1, _FAR, _FAR
+        else:
+            low, high, before = max(gap_end - unc - self.tolerance, gap_start - unc), gap_end + unc, gap_end
+        best = None
+        for role in self.by_role:
+            if role != lane.role or at_end:
+                entry = self._latest(role, low, high, lane.index, before)
+                if entry is not None and (best is None or entry > best):  # unique on the first four: never the span
+                    best = entry
+        if best is None and not at_end and lane.role in self.by_role:
+            best = self._latest(lane.role, low, high, lane.index, before)
+        return best
+
+    def _waits(self, lane: _Lane) -> tuple[TimeShare, ...]:
+        gaps, previous = [], lane.start
+        for a, b in lane.blocks:
+            if a > previous:
+                gaps.append((previous, a, False))
+            previous = b
+        if lane.end > previous:
+            gaps.append((previous, lane.end, True))  # it finished early (or ran no stage at all)
+        waited: dict[tuple[str, str, int] | None, int] = defaultdict(int)
+        for a, b, at_end in gaps:
+            cause = self._waited_for(lane, a, b, at_end=at_end)
+            waited[None if cause is None else (cause[6].role, cause[6].stage, cause[5])] += b - a
+        shares = [
+            TimeShare(None, UNATTRIBUTED, None, _ms(ns))
+            if key is None
+            else TimeShare(key[0], key[1], self.lanes[key[2]].rank, _ms(ns))
+            for key, ns in waited.items()
+        ]
+        shares.sort(key=lambda w: (-w.ms, w.role or "", w.stage, w.rank if w.rank is not None else -1))
+        return tuple(shares)
+
+    # ---------------------------------------------------------------- the critical path
+
+    def _critical_path(self, w0: int, w1: int) -> list[tuple[str, str, int, int]]:
+        parts: list[tuple[str, str, int, int]] = []  # (role, stage, rank, ns), from the end backwards
+
+        def add(role: str, stage: str, rank: int, ns: int) -> None:
+            if ns <= 0:
+                return
+            if parts and parts[-1][:3] == (role, stage, rank):
+                parts[-1] = (role, stage, rank, parts[-1][3] + ns)
+            else:
+                parts.append((role, stage, rank, ns))
+
+        last_lane = max(self.lanes, key=lambda lane: (lane.end, -lane.index))
+        ended = [entries[-1] for entries in self.by_role.values() if entries]
+        if not ended:
+            add(last_lane.role, IDLE, last_lane.rank, w1 - w0)
+            return parts
+        last = max(ended)
+        add(last_lane.role, IDLE, last_lane.rank, w1 - last[0])
+        lane, t = self.lanes[last[5]], last[0]
+        while t > w0:
+            blocks = lane.blocks
+            k = bisect_right(blocks, (t, _FAR)) - 1  # the last block that starts at or before t
+            if k >= 0 and blocks[k][0] < t <= blocks[k][1]:
+                # The first top-level stage ending at or after t covers t (t is busy) and started first.
+                a, _, span = self.tops[lane.index][bisect_left(lane.top_ends, t)]
+                add(span.role, span.stage, lane.rank, t - max(a, w0))
+                t = a
+                continue
+            # t starts a busy run: what did the lane wait for in the gap before it?
+            if k >= 0 and blocks[k][0] == t:
+                k -= 1
+            gap_start = blocks[k][1] if k >= 0 else lane.start
+            cause = self._waited_for(lane, gap_start, t, at_end=False)
+            if cause is not None:
+                resume = min(cause[0], t)  # the cause may end after t, within the clocks' uncertainty
+                add(lane.role, IDLE, lane.rank, t - max(resume, w0))
+                lane, t = self.lanes[cause[5]], resume
+            elif k >= 0:
+                add(lane.role, IDLE, lane.rank, t - gap_start)
+                t = gap_start
+            else:  # before the lane's first stage, and nothing it waited for: idle since the step began
+                add(lane.role, IDLE, lane.rank, t - w0)
+                t = w0
+        parts.reverse()
+        return parts
+
+    # ---------------------------------------------------------------- the step's values
+
+    def result(self) -> StepTimeline:
+        lanes = self.lanes
+        if self.aligned:
+            w0, w1 = min(lane.start for lane in lanes), max(lane.end for lane in lanes)
+            self.wall = wall = w1 - w0
+            self.path = self._critical_path(w0, w1)
+            path = tuple(TimeShare(r, s, k, _ms(ns)) for r, s, k, ns in self.path)
+            generation = _union_length(self.generation_runs, w0, w1)
+        else:
+            self.wall = wall = max(lane.end - lane.start for lane in lanes)
+            path = ()
+            generation = max(lane.generation for lane in lanes)
+        rows = []
+        role_sums: dict[str, list[int]] = {}
+        role_causes: dict[str, dict[tuple[str | None, str], float]] = defaultdict(lambda: defaultdict(float))
+        for lane in lanes:
+            idle = lane.end - lane.start - lane.busy
+            waits = self._waits(lane) if self.aligned else ()
+            rows.append(RankTimeline(lane.rank, lane.role, _ms(lane.busy), _ms(idle), waits))
+            sums = role_sums.setdefault(lane.role, [0, 0, 0])
+            sums[0] += 1
+            sums[1] += lane.busy
+            sums[2] += idle
+            causes = role_causes[lane.role]
+            for w in waits:
+                causes[(w.role, w.stage)] += w.ms
+        roles = {}
+        for role, (count, busy, idle) in role_sums.items():
+            ranked = sorted(role_causes[role].items(), key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
+            shares = tuple(TimeShare(r, s, None, ms) for (r, s), ms in ranked)
+            roles[role] = RoleTimeline(role, count, _ms(busy), _ms(idle), shares)
+        return StepTimeline(self.step, _ms(wall), path, roles, tuple(rows), _ms(generation))
+
+    def stage_time(self) -> dict[tuple[str, str], int]:
+        """(role, stage) -> ns of the step it accounts for: on the critical path; unaligned, its longest lane."""
+        totals: dict[tuple[str, str], int] = defaultdict(int)
+        if self.aligned:
+            for role, stage, _, ns in self.path:
+                if stage != IDLE:
+                    totals[(role, stage)] += ns
+        else:
+            for lane in self.lanes:
+                for key, ns in lane.by_stage.items():
+                    totals[key] = max(totals[key], ns)
+        return totals
+
+
+def _union_length(runs: list[tuple[int, int]], low: int, high: int) -> int:
+    total, reach = 0, low
+    for start, end in sorted(runs):
+        a, b = max(start, reach), min(end, high)
+        if b > a:
+            total += b - a
+            reach = b
+    return total
+
+
+# --------------------------------------------------------------------------- across steps
+
+
+@dataclass
+class _Peering:
+    """A (role, stage, lane) across steps, while they are read (mutable): how often it ran, and was slow."""
+
+    ran: int = 0
+    slow_steps: list[int] = field(default_factory=list)
+    excess_ns: int = 0  # over its peers' median, summed over its slow steps
+    ratios: list[float] = field(default_factory=list)  # to its peers' median, on its slow steps
+
+
+def _peer_medians(values: list[int]) -> list[float]:
+    """For each of the sorted ``values``, the median of the others (exact, in O(1) each)."""
+    n = len(values)
+    m = n - 1
+
+    def others(i: int, k: int) -> int:  # the k-th of the values without the i-th
+        return values[k] if k < i else values[k + 1]
+
+    if m % 2:
+        return [float(others(i, m // 2)) for i in range(n)]
+    return [(others(i, m // 2 - 1) + others(i, m // 2)) / 2 for i in range(n)]
+
+
+def _judge_peers(step: int, wall_ns: int, lanes: list[_Lane], peering: dict[tuple[str, str, _Key], _Peering]) -> None:
+    groups: dict[tuple[str, str], list[tuple[int, _Key]]] = defaultdict(list)
+    for lane in lanes:
+        for key, ns in lane.by_stage.items():
+            groups[key].append((ns, (lane.role, lane.rank)))
+    floor = max(FLOOR_MS * NS_PER_MS, FLOOR_SHARE * wall_ns)
+    for (role, stage), members in groups.items():
+        members.sort()
+        medians = _peer_medians([ns for ns, _ in members]) if len(members) > 1 else [0.0]
+        for (ns, lane_key), median in zip(members, medians, strict=True):
+            record = peering.get((role, stage, lane_key))
+            if record is None:
+                peering[(role, stage, lane_key)] = record = _Peering()
+            record.ran += 1
+            if len(members) > 1 and ns >= floor and median > 0 and ns >= STRAGGLER_RATIO * median:
+                record.slow_steps.append(step)
+                record.ratios.append(ns / median)
+                record.excess_ns += ns - round(median)
+
+
+def analyze_timeline(
+    spans: Iterable[Span],
+    *,
+    aligned: bool,
+    clock_uncertainty_ns: int = 0,
+    wait_tolerance_ns: int = WAIT_TOLERANCE_NS,
+) -> TimelineReport:
+    """Every step of ``spans`` (any order), and the findings across them (see the module docstring)."""
+    if clock_uncertainty_ns < 0 or wait_tolerance_ns < 0:
+        raise ValueError(f"uncertainty and tolerance must be >= 0 (got {clock_uncertainty_ns}, {wait_tolerance_ns})")
+    # The analysis makes millions of small tuples that live for one step and form no cycle; each pass of the
+    # cyclic collector they trigger would rescan the caller's millions of spans (a third of the time at 4M).
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        return _analyze(spans, aligned, clock_uncertainty_ns, wait_tolerance_ns)
+    finally:
+        if paused:
+            gc.enable()
+
+
+def _analyze(spans: Iterable[Span], aligned: bool, clock_uncertainty_ns: int, wait_tolerance_ns: int) -> TimelineReport:
+    step_spans: dict[int, dict[_Key, list[int]]] = defaultdict(dict)
+    stage_spans: dict[int, list[Span]] = defaultdict(list)
+    skipped = 0
+    for span in spans:
+        if span.end_ns < span.start_ns:
+            skipped += 1
+        elif span.kind == "stage":
+            stage_spans[span.step].append(span)
+        elif span.kind == "step":
+            window = step_spans[span.step].get((span.role, span.rank))
+            if window is None:
+                step_spans[span.step][(span.role, span.rank)] = [span.start_ns, span.end_ns]
+            else:  # the same process twice in one step (a retried step): its whole extent
+                window[0], window[1] = min(window[0], span.start_ns), max(window[1], span.end_ns)
+        elif span.kind != "window":
+            skipped += 1
+    unc = clock_uncertainty_ns if aligned else 0
+    timelines: list[StepTimeline] = []
+    stage_times: list[dict[tuple[str, str], int]] = []
+    peering: dict[tuple[str, str, _Key], _Peering] = {}
+    worked: set[str] = set()  # roles that ran a stage: a driver that only holds the step open has no bubble
+    for step in sorted(set(step_spans) | set(stage_spans)):
+        analysis = _Step(step, step_spans.get(step, {}), stage_spans.get(step, []), aligned, unc, wait_tolerance_ns)
+        timeline = analysis.result()
+        timelines.append(timeline)
+        stage_times.append(analysis.stage_time())
+        _judge_peers(step, analysis.wall, analysis.lanes, peering)
+        worked.update(lane.role for lane in analysis.lanes if lane.blocks)
+    clock = ClockInfo(
+        aligned=aligned,
+        max_uncertainty_ms=_ms(clock_uncertainty_ns) if aligned else None,
+        note=None if aligned else UNALIGNED_NOTE,
+    )
+    steps = tuple(timelines)
+    findings = [
+        *_straggler_findings(steps, peering, aligned),
+        *_bubble_findings(steps, worked, aligned),
+        *_dominant_finding(steps, stage_times, aligned),
+        *_slow_step_finding(steps, stage_times),
+    ]
+    findings.sort(key=lambda f: (-f.lost_ms, f.kind, f.role or "", f.stage or "", f.rank if f.rank is not None else -1))
+    return TimelineReport(clock, steps, tuple(findings), skipped)
+
+
+# --------------------------------------------------------------------------- findings in words
+
+
+def _duration(ms: float) -> str:
+    if ms < 1000:
+        return f"{ms:.3g} ms"
+    return f"{ms / 1000:.3g} s" if ms < 100_000 else f"{ms / 1000:,.0f} s"
+
+
+def _ranks_text(role: str, ranks: Iterable[int]) -> str:
+    """``actor rank 3``, ``actor ranks 0-2, 5``, ``52 actor ranks (2-63)`` (with an en dash)."""
+    ordered = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for r in ordered:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    if len(runs) > 4:
+        return f"{len(ordered)} {role} ranks ({ordered[0]}{_DASH}{ordered[-1]})"
+    words = [str(a) if a == b else f"{a}{_DASH}{b}" for a, b in runs]
+    return f"{role} {'rank' if len(ordered) == 1 else 'ranks'} {', '.join(words)}"
+
+
+def _steps_text(steps: list[int]) -> str:
+    shown = ", ".join(str(s) for s in steps[:5])
+    return shown + (", \u2026" if len(steps) > 5 else "")
+
+
+def _straggler_findings(
+    steps: tuple[StepTimeline, ...], peering: dict[tuple[str, str, _Key], _Peering], aligned: bool
+) -> list[Finding]:
+    """One finding per straggling rank (a rank slow in every chunk of a stage would otherwise fill the list)."""
+    lone_step = len(steps) == 1
+    by_rank: dict[tuple[str, _Key], list[tuple[int, str, _Peering]]] = defaultdict(list)
+    for (role, stage, lane_key), record in peering.items():
+        slow = record.slow_steps
+        if len(slow) * 2 > record.ran and (len(slow) >= 2 or lone_step):
+            by_rank[(role, lane_key)].append((record.excess_ns, stage, record))
+    ranked = sorted(by_rank.items(), key=lambda kv: (-sum(c[0] for c in kv[1]), kv[0]))[:MAX_STRAGGLER_FINDINGS]
+    # Who waited for each straggler on its slow steps: one pass over every rank's causes.
+    targets: dict[tuple[str, str, int], tuple[tuple[str, int], set[int]]] = {}
+    for (role, (_, rank)), stages in ranked:
+        for _, stage, record in stages:
+            targets[(role, stage, rank)] = ((role, rank), set(record.slow_steps))
+    waits: dict[tuple[str, int], dict[str, dict[tuple[int, int], float]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(float))
+    )
+    for timeline in steps if aligned and targets else ():
+        for row in timeline.ranks:
+            for w in row.waited_for:
+                found = None if w.role is None or w.rank is None else targets.get((w.role, w.stage, w.rank))
+                if found is not None and timeline.step in found[1]:
+                    waits[found[0]][row.role][(row.rank, timeline.step)] += w.ms
+    findings = []
+    for (role, (_, rank)), stages in ranked:
+        stages.sort(key=lambda c: (-c[0], c[1]))
+        excess = _ms(sum(c[0] for c in stages))
+        slow_steps = sorted({step for _, _, record in stages for step in record.slow_steps})
+        said = [
+            f"{stage} {statistics.median(record.ratios):.1f}{_TIMES} on {len(record.slow_steps)} of {record.ran} steps"
+            for _, stage, record in stages[:3]
+        ]
+        if len(stages) == 1:
+            _, stage, record = stages[0]
+            text = (
+                f"{role} {stage} on rank {rank} is {statistics.median(record.ratios):.1f}{_TIMES} its "
+                f"peers' median on {len(slow_steps)} of {record.ran} steps"
+            )
+        else:
+            more = f", {len(stages) - 3} more" if len(stages) > 3 else ""
+            text = f"{role} rank {rank} is slower than its peers in {len(stages)} stages: {', '.join(said)}{more}"
+        text += f" (+{_duration(excess / len(slow_steps))} a step)"
+        for waiter_role, entries in sorted(waits[(role, rank)].items(), key=lambda kv: -sum(kv[1].values()))[:2]:
+            each = statistics.median(entries.values())
+            if each >= FLOOR_MS:  # not the hand-offs of a few µs between its chunks
+                text += f"; {_ranks_text(waiter_role, (r for r, _ in entries))} wait {_duration(each)} each for it"
+        top = stages[0][1]
+        findings.append(Finding("straggler", text, excess / len(steps), role, top, rank, tuple(slow_steps)))
+    return findings
+
+
+def _bubble_findings(steps: tuple[StepTimeline, ...], worked: set[str], aligned: bool) -> list[Finding]:
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # busy, idle, rank-steps
+    causes: dict[str, dict[tuple[str | None, str], float]] = defaultdict(lambda: defaultdict(float))
+    seen: dict[str, list[int]] = defaultdict(list)
+    for timeline in steps:
+        for name, role in timeline.roles.items():
+            total = totals[name]
+            total[0] += role.busy_ms
+            total[1] += role.idle_ms
+            total[2] += role.ranks
+            seen[name].append(timeline.step)
+            for w in role.waited_for:
+                causes[name][(w.role, w.stage)] += w.ms
+    findings = []
+    for name, (busy, idle, rank_steps) in sorted(totals.items()):
+        rank_time = busy + idle
+        if name not in worked or rank_time <= 0 or idle / rank_time < BUBBLE_MIN_SHARE:
+            continue
+        per_rank = idle / rank_steps
+        if per_rank < FLOOR_MS:
+            continue
+        text = f"{name} ranks are idle {100 * idle / rank_time:.0f}% of their step time"
+        text += f" ({_duration(per_rank)} a step each)"
+        ranked = sorted(causes[name].items(), key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
+        ranked = [(cause, ms) for cause, ms in ranked[:2] if ms >= 0.01 * rank_time]  # not a 0% cause
+        if ranked:
+            said = [
+                f"{'nothing identified' if r is None else f'{r} {s}'} {100 * ms / rank_time:.0f}%"
+                for (r, s), ms in ranked
+            ]
+            text += ", waiting for " + ", ".join(said)
+        elif not aligned:
+            text += " (clocks not aligned: what they waited for is unknown)"
+        cause = next(((r, s) for (r, s), _ in ranked if r is not None), None)
+        findings.append(Finding("bubble", text, per_rank, name, None, None, tuple(seen[name]), cause))
+    return findings
+
+
+def _dominant_finding(
+    steps: tuple[StepTimeline, ...], stage_times: list[dict[tuple[str, str], int]], aligned: bool
+) -> list[Finding]:
+    if not steps:
+        return []
+    keys = sorted({key for times in stage_times for key in times})
+    walls = [s.wall_ms for s in steps]
+    median_wall = statistics.median(walls)
+    best: tuple[float, float, tuple[str, str]] | None = None
+    for key in keys:
+        shares = [
+            _ms(times.get(key, 0)) / s.wall_ms if s.wall_ms > 0 else 0.0
+            for s, times in zip(steps, stage_times, strict=True)
+        ]
+        share = statistics.median(shares)
+        ms = statistics.median(_ms(times.get(key, 0)) for times in stage_times)
+        if best is None or share > best[0]:
+            best = (share, ms, key)
+    if best is None or best[0] < DOMINANT_MIN_SHARE:
+        return []
+    share, ms, (role, stage) = best
+    where = " on the critical path" if aligned else " on its longest rank"
+    text = (
+        f"step {_duration(median_wall)} (median of {len(steps)}): {role} {stage} is {100 * share:.0f}% of it "
+        f"({_duration(ms)} a step{where})"
+    )
+    generation = statistics.median(s.generation_pct for s in steps)
+    if generation > 0 and stage not in GENERATION_STAGES and role != GENERATION_ROLE:
+        text += f"; generation is {generation:.0f}% of the step"
+    return [Finding("dominant_stage", text, ms, role, stage, None, tuple(s.step for s in steps))]
+
+
+def _slow_step_finding(steps: tuple[StepTimeline, ...], stage_times: list[dict[tuple[str, str], int]]) -> list[Finding]:
+    if len(steps) < SLOW_STEP_MIN_STEPS:
+        return []
+    median_wall = statistics.median(s.wall_ms for s in steps)
+    if median_wall <= 0:
+        return []
+    slow = [
+        (s, times)
+        for s, times in zip(steps, stage_times, strict=True)
+        if s.wall_ms >= SLOW_STEP_RATIO * median_wall and s.wall_ms - median_wall >= FLOOR_MS
+    ]
+    if not slow:
+        return []
+    slowest, slowest_times = max(slow, key=lambda st: (st[0].wall_ms, -st[0].step))
+    walls = ", ".join(_duration(s.wall_ms) for s, _ in slow[:5])
+    numbers = [s.step for s, _ in slow]
+    text = (
+        f"step{'s' if len(slow) > 1 else ''} {_steps_text(numbers)} took {walls}, "
+        f"{'up to ' if len(slow) > 1 else ''}{slowest.wall_ms / median_wall:.1f}{_TIMES} the median step "
+        f"({_duration(median_wall)})"
+    )
+    grown = []
+    for key, ns in slowest_times.items():
+        typical = statistics.median(times.get(key, 0) for times in stage_times)
+        grown.append((ns - typical, key))
+    if grown:
+        extra, (role, stage) = max(grown, key=lambda g: (g[0], g[1]))
+        if extra > 0:
+            text += f"; on step {slowest.step} the most extra was {role} {stage} (+{_duration(_ms(extra))})"
+    lost = sum(s.wall_ms - median_wall for s, _ in slow) / len(steps)
+    return [Finding("slow_step", text, lost, None, None, None, tuple(numbers))]
