@@ -15,7 +15,8 @@ import random
 import resource
 import time
 
-from instrument.analyze._timeline import Span, analyze_timeline
+from instrument.analyze.analyzers._timeline import analyze_timeline
+from instrument.timeline import Span
 
 MS = 1_000_000
 TARGET_SPANS = 4_096 * 100 * 10

@@ -67,9 +67,11 @@ class TimelineError(ValueError):
     """A file that is not a timeline, or one whose records make no sense; the message says where."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True, order=True)
 class Span:
-    """One span of a process: a step, a stage call or a mini-batch, on that process's clock (ns)."""
+    """One span of a process: a step, a stage call or a mini-batch, on that process's clock (ns).
+
+    Slots: an analysis of thousands of ranks holds millions of them."""
 
     kind: str
     role: str

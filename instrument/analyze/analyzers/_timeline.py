@@ -1,7 +1,7 @@
 """Where a step's time goes across roles: busy and idle per rank, who waited for whom, the critical path,
-consistent stragglers and the findings in words (pure; standard library only).
+consistent stragglers and the findings in words (pure: the standard library and instrument.timeline).
 
-Input: :class:`Span` values on one clock (the caller aligns the clocks of different hosts and says how
+Input: :class:`~instrument.timeline.Span` values on one clock (the caller aligns the clocks of different hosts and says how
 well: ``clock_uncertainty_ns``). Output: a :class:`TimelineReport` whose :meth:`~TimelineReport.to_json`
 is the ``timeline`` / ``findings`` contract of ``instrument analyze --json``.
 
@@ -73,6 +73,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from instrument.timeline import Span
+
 __all__ = [
     "BUBBLE_MIN_SHARE",
     "DOMINANT_MIN_SHARE",
@@ -90,7 +92,6 @@ __all__ = [
     "Finding",
     "RankTimeline",
     "RoleTimeline",
-    "Span",
     "StepTimeline",
     "TimeShare",
     "TimelineReport",
@@ -125,20 +126,6 @@ _Top = tuple[int, int, "Span"]  # a top-level stage, clipped to its lane: (start
 # (end, -lane index, -start, -thread, start, lane index, span).
 _Ended = tuple[int, int, int, int, int, int, "Span"]
 _FAR = 1 << 62  # later than any clock (ns)
-
-
-@dataclass(frozen=True, slots=True, order=True)
-class Span:
-    """One recorded interval: ``kind`` is ``"step"`` (a ``profile_step``), ``"stage"`` or ``"window"``."""
-
-    kind: str
-    role: str
-    stage: str
-    step: int
-    rank: int
-    start_ns: int
-    end_ns: int
-    thread: int = 0
 
 
 def _ms(ns: float) -> float:

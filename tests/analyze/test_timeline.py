@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.analyze._timeline import (
+from instrument.analyze.analyzers._timeline import (
     IDLE,
     UNALIGNED_NOTE,
     UNATTRIBUTED,
-    Span,
     TimelineReport,
     analyze_timeline,
     findings_text,
 )
+from instrument.timeline import Span
 
 MS = 1_000_000
 PROPERTY = settings(max_examples=60, deadline=None)

@@ -1,0 +1,84 @@
+"""Finding the step timelines of a run and putting their spans on one time axis.
+
+Every process of a run writes one timeline file (:mod:`instrument.timeline`). Processes of one host
+read the same monotonic clock, so their spans line up as written. A process on another host is put
+on the reference clock (the host of the lowest rank) by its best clock estimate — its clock minus
+the reference's, measured by a round trip at ``configure`` or at the finish barrier, with its
+uncertainty. When some host has no estimate, the axis is not aligned across hosts: the analysis
+then keeps to durations, as it does for traces.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from instrument.analyze._model import Skipped
+from instrument.naming import TIMELINE_SUFFIX
+from instrument.timeline import Span, Timeline, TimelineError, read_timeline
+
+__all__ = ["AlignedSpans", "align", "find_timelines"]
+
+
+@dataclass(frozen=True)
+class AlignedSpans:
+    """The spans of every timeline on one axis (ns), or on their own clocks when ``aligned`` is false."""
+
+    spans: tuple[Span, ...]
+    aligned: bool
+    max_uncertainty_ns: int | None
+    timelines: tuple[Timeline, ...]
+
+
+def find_timelines(root: str | os.PathLike[str]) -> tuple[list[Timeline], list[Skipped]]:
+    """Read every timeline file directly in ``root`` (never through a symlink); bad ones are skipped, named."""
+    found: list[Timeline] = []
+    skipped: list[Skipped] = []
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError as exc:
+        return [], [Skipped(str(root), f"cannot list timelines: {exc.strerror or exc}")]
+    for entry in entries:
+        if not entry.name.endswith(TIMELINE_SUFFIX):
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False):
+                skipped.append(Skipped(entry.path, "a timeline name on something that is not a regular file"))
+                continue
+            timeline = read_timeline(entry.path)
+        except TimelineError as exc:
+            skipped.append(Skipped(entry.path, str(exc).removeprefix(f"{entry.path}: ")))
+            continue
+        except OSError as exc:
+            skipped.append(Skipped(entry.path, f"cannot read: {exc.strerror or exc}"))
+            continue
+        if timeline.torn:
+            skipped.append(Skipped(entry.path, "cut short (its writer stopped mid-record); the spans before are read"))
+        found.append(timeline)
+    return found, skipped
+
+
+def align(timelines: list[Timeline]) -> AlignedSpans:
+    """Put every span on the reference host's clock; ``aligned`` false when some host has no estimate."""
+    if not timelines:
+        return AlignedSpans((), aligned=False, max_uncertainty_ns=None, timelines=())
+    reference = min(timelines, key=lambda t: (t.rank, t.pid)).host
+    aligned = True
+    uncertainty = 0
+    shifted: list[Span] = []
+    for timeline in timelines:
+        estimate = timeline.clock
+        if timeline.host == reference:
+            offset = 0
+        elif estimate is not None:
+            offset = estimate.offset_ns
+            uncertainty = max(uncertainty, estimate.uncertainty_ns)
+        else:
+            offset, aligned = 0, False
+        shifted.extend(
+            span if not offset else replace(span, start_ns=span.start_ns - offset, end_ns=span.end_ns - offset)
+            for span in timeline.spans
+        )
+    return AlignedSpans(
+        tuple(shifted), aligned=aligned, max_uncertainty_ns=uncertainty if aligned else None, timelines=tuple(timelines)
+    )
