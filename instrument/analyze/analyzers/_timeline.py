@@ -1,7 +1,7 @@
 """Where a step's time goes across roles: busy and idle per rank, who waited for whom, the critical path,
 consistent stragglers and the findings in words (pure: the standard library and instrument.timeline).
 
-Input: :class:`~instrument.timeline.Span` values on one clock (the caller aligns the clocks of different hosts and says how
+Input: :class:`~instrument.timeline.Span` values on one clock (the caller aligns the clocks of different hosts, says how
 well: ``clock_uncertainty_ns``). Output: a :class:`TimelineReport` whose :meth:`~TimelineReport.to_json`
 is the ``timeline`` / ``findings`` contract of ``instrument analyze --json``.
 
