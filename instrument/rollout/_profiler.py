@@ -272,11 +272,11 @@ class RolloutProfiler:
     worker at a replica's local rank 0 drives it. ``profiler_base`` is the directory the engine's
     launch arguments named through :func:`replica_profiler_dir` (pass the same base here).
 
-    What the profiler does not decide is passed in: ``publish`` lists each relocated trace (in a
-    configured process, the run's, so ``finish()`` returns it; else ``manifest=Manifest(save_path)``,
-    short for ``publish=manifest.append``); one of them is required unless ``relocate_results`` is
-    off. ``profiles_step(step)`` says whether a step is recorded (in a configured process, the
-    run's answer, triggers included); by default ``config.profiles_step``.
+    What the profiler does not decide is passed in, and it reads nothing else: ``publish`` lists
+    each relocated trace (``manifest=Manifest(save_path)`` is short for ``publish=manifest.append``;
+    one of them is required unless ``relocate_results`` is off), and ``profiles_step(step)`` says
+    whether a step is recorded (default ``config.profiles_step``; in a configured process, the
+    run's answer for its open step lets triggers decide too).
     """
 
     def __init__(
