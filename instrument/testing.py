@@ -8,29 +8,33 @@ starts from "not configured".  Use it in a fixture::
         yield
         instrument.testing.reset()
 
-``capture()`` replaces the configured recorder with :class:`RecordingRecorder`, which writes
-nothing and loads no profiler: a test sees, as plain tuples, what the SDK asked a recorder to
-do (fast, no torch)::
+``capture()`` replaces the configured recorder with :class:`RecordingRecorder` (through the
+public seam :func:`instrument.recorders.override`), which writes nothing and loads no profiler:
+a test sees what the SDK asked a recorder to do, one :class:`RecorderCall` per call (fast, no torch)::
+
+    from instrument.testing import RecorderCall
 
     with instrument.testing.capture() as calls:
         ins.configure(ins.ProfilerConfig(steps=(1,)), role="actor", rank=0)
         with ins.profile_step(1):
             worker.update_actor(batch)
-    assert ("start", "update_actor", None) in calls
+    assert RecorderCall("start", "update_actor") in calls
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Literal
 
+from instrument import recorders
 from instrument.recorders import Publish, Report, TraceSpec
-from instrument.run import _session
 from instrument.run._process import uninstall_process_hooks
 from instrument.run._state import STATE
+from instrument.schedule import ScheduleLike
 
-__all__ = ["RecordingRecorder", "capture", "reset", "wait_for_exports"]
+__all__ = ["RecorderCall", "RecordingRecorder", "capture", "reset", "wait_for_exports"]
 
 
 def reset() -> None:
@@ -38,10 +42,7 @@ def reset() -> None:
     session = STATE.session
     if session is not None:
         session.finish(run_hook=False)
-    STATE.session = None
-    STATE.recording = False
-    STATE.engaged = False
-    STATE.fast = STATE.observers = STATE.on_oom = None
+    STATE.reset()
     uninstall_process_hooks()
 
 
@@ -52,17 +53,34 @@ def wait_for_exports() -> None:
         session.wait_for_exports()
 
 
-class RecordingRecorder:
-    """A recorder that records what it is asked to do into ``calls``; it saves no file.
+CallKind = Literal["step", "start", "window_step", "stop", "range", "close_range"]
 
-    ``("step", role, step)``, ``("start", stage, window_or_None)`` (the spec's schedule, if any),
-    ``("window_step",)``, ``("stop", stage)``, ``("range", name)``, ``("close_range", name)``.
+
+@dataclass(frozen=True)
+class RecorderCall:
+    """One call the session made on its recorder.
+
+    ``kind``: ``step`` (a profiled step began: ``role``, ``step``), ``start`` (a trace opened: ``stage``, and
+    ``schedule`` for a scheduled stage), ``window_step`` (a mini-batch of the scheduled trace ended), ``stop``
+    (the trace of ``stage`` closed), ``range`` / ``close_range`` (a range ``stage`` opened / closed: a stage or
+    ``mini_batch{i}``). ``spec``: the whole :class:`TraceSpec` of a ``start`` (left out of ``==`` and ``repr``).
     """
+
+    kind: CallKind
+    stage: str | None = None
+    role: str | None = None
+    step: int | None = None
+    schedule: ScheduleLike | None = None
+    spec: TraceSpec | None = field(default=None, compare=False, repr=False)
+
+
+class RecordingRecorder:
+    """A recorder that appends what it is asked to do to ``calls`` (:class:`RecorderCall` values); it saves no file."""
 
     tool = "recording"
     stage_range_in_windows = True
 
-    def __init__(self, publish: Publish, report: Report, calls: list[tuple[Any, ...]]) -> None:
+    def __init__(self, publish: Publish, report: Report, calls: list[RecorderCall]) -> None:
         self.calls = calls
         self.windows_saved = 0
         self._spec: TraceSpec | None = None
@@ -74,30 +92,30 @@ class RecordingRecorder:
 
     def on_step(self, role: str, step: int) -> None:
         """A profiled step begins."""
-        self.calls.append(("step", role, step))
+        self.calls.append(RecorderCall("step", role=role, step=step))
 
     def start(self, spec: TraceSpec) -> None:
         """Open a trace."""
         if self._spec is not None:
             raise RuntimeError(f"a trace is already open ({self._spec})")
         self._spec, self.windows_saved = spec, 0
-        self.calls.append(("start", spec.stage, spec.schedule))
+        self.calls.append(RecorderCall("start", spec.stage, schedule=spec.schedule, spec=spec))
 
     def window_step(self) -> None:
         """A mini-batch of a scheduled trace ended."""
-        self.calls.append(("window_step",))
+        self.calls.append(RecorderCall("window_step"))
 
     def stop(self) -> None:
         """Close the open trace."""
         if self._spec is not None:
-            self.calls.append(("stop", self._spec.stage))
+            self.calls.append(RecorderCall("stop", self._spec.stage))
             self._spec = None
             self.windows_saved = 1
 
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
         """Open a range; the returned function closes it."""
-        self.calls.append(("range", name))
-        return lambda: self.calls.append(("close_range", name))
+        self.calls.append(RecorderCall("range", name))
+        return lambda: self.calls.append(RecorderCall("close_range", name))
 
     def flush(self) -> None:
         """Nothing to wait for."""
@@ -108,22 +126,16 @@ class RecordingRecorder:
 
 
 @contextlib.contextmanager
-def capture(*, alongside: bool = False) -> Iterator[list[tuple[Any, ...]]]:
-    """Record what runs configured inside the block ask of their recorder, as a list of tuples.
+def capture(*, alongside: bool = False) -> Iterator[list[RecorderCall]]:
+    """Record what runs configured inside the block ask of their recorder, as a list of :class:`RecorderCall`.
 
     ``alongside=True`` keeps the configured recorder too (both are driven: one run, several
     recorders), so real traces are written as well.
     """
-    calls: list[tuple[Any, ...]] = []
-    saved = list(_session.RECORDER_OVERRIDE)
+    calls: list[RecorderCall] = []
 
-    def recording(publish: Publish, report: Report, *, tool: str) -> RecordingRecorder:
+    def recording(publish: Publish, report: Report) -> RecordingRecorder:
         return RecordingRecorder(publish, report, calls)
 
-    _session.RECORDER_OVERRIDE[:] = [recording]
-    if alongside:
-        _session.RECORDER_OVERRIDE.insert(0, _session.configured_recorder)
-    try:
+    with recorders.override(recording, alongside=alongside):
         yield calls
-    finally:
-        _session.RECORDER_OVERRIDE[:] = saved

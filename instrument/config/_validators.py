@@ -11,6 +11,8 @@ from typing import Any
 
 import attrs
 
+from instrument import recorders
+
 __all__ = [
     "CONTENTS",
     "HOOK_OUTPUTS",
@@ -30,8 +32,9 @@ __all__ = [
     "to_sorted_tuple",
 ]
 
-TOOLS = ("none", "nvtx", "nvtx+torch_memory", "torch", "torch+torch_memory", "torch_memory")
-"""Allowed values of ``ProfilerConfig.tool``."""
+TOOLS = ("none", *recorders.BUILT_IN_TOOLS)
+"""``none`` and the built-in recorders; ``ProfilerConfig.tool`` also takes registered ones (``registered_tools()``)
+and several joined by ``+`` (``"torch+torch_memory"``)."""
 
 CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
 """Allowed values in ``ProfilerConfig.contents``, in canonical order."""
@@ -73,11 +76,30 @@ def one_of(allowed: Sequence[str]) -> Callable[[Any, attrs.Attribute[Any], Any],
 
 
 def known_tool(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    from instrument.recorders import registered_tools  # the registry may have grown since import
-
-    allowed = sorted({*TOOLS, *registered_tools()})
-    if value not in allowed:
-        raise ValueError(f"'{attribute.name}' must be one of {', '.join(map(repr, allowed))}: {value!r}")
+    """``none``, or registered recorder names (read now: the registry may have grown) joined by ``+``, each once."""
+    if value == "none":
+        return
+    field = attribute.name
+    if not isinstance(value, str):
+        raise ValueError(f"'{field}' must be 'none' or recorder names such as 'torch': {value!r}")
+    seen: set[str] = set()
+    for name in value.split("+"):
+        if name in seen:
+            raise ValueError(f"'{field}' must name each recorder once: {name!r} is twice in {value!r}")
+        if name == "none":
+            raise ValueError(f"'{field}' cannot combine 'none' with recorders: {value!r}")
+        seen.add(name)
+        try:
+            recorders.registration(name)
+        except KeyError:
+            known = ", ".join(map(repr, recorders.registered_tools()))
+            if name == value:
+                raise ValueError(
+                    f"'{field}' must be one of 'none', {known}, or recorder names joined by '+': {value!r}"
+                ) from None
+            raise ValueError(
+                f"'{field}' joins recorders with '+': {name!r} in {value!r} is not one of {known}"
+            ) from None
 
 
 def int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attrs.Attribute[Any], Any], None]:

@@ -24,19 +24,13 @@ from typing import Any
 import torch
 
 from instrument import naming
+from instrument._warnings import WarnOnce
 from instrument.config._memory import MEMORY_TOOL, MemorySnapshots
-from instrument.recorders import Publish, Recorders, Report, TraceSpec
+from instrument.recorders import Publish, Report, TraceSpec
 from instrument.recorders._snapshot_files import SNAPSHOT_SUFFIX, SnapshotWriter, cut_stacks
 from instrument.schedule import Action, action_at, window_of
 
-__all__ = [
-    "SNAPSHOT_SUFFIX",
-    "MemoryRecorder",
-    "NvtxWithMemory",
-    "OomSnapshots",
-    "TorchWithMemory",
-    "cut_stacks",
-]
+__all__ = ["SNAPSHOT_SUFFIX", "MemoryRecorder", "OomSnapshots", "cut_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,20 +63,16 @@ class _CudaMemory:
 CUDA = _CudaMemory()
 """What this module calls; only tests without a GPU replace it (with a documented stand-in)."""
 
-_warned_no_cuda = False
-_warn_lock = threading.Lock()
+NO_CUDA = WarnOnce(logger)
+"""Warns once per process that memory snapshots need CUDA (tests replace it with a fresh one)."""
 _oom_history: MemorySnapshots | None = None  # the run-long history on_oom keeps, if any
 
 
 def _cuda_or_warn(why: str) -> bool:
     """Whether CUDA is here; without it, one warning per process (never an exception)."""
-    global _warned_no_cuda
     if CUDA.available():
         return True
-    with _warn_lock:
-        if not _warned_no_cuda:
-            _warned_no_cuda = True
-            logger.warning("instrument: %s needs CUDA, which is not available here; no memory snapshot is saved", why)
+    NO_CUDA("no cuda", "instrument: %s needs CUDA, which is not available here; no memory snapshot is saved", why)
     return False
 
 
@@ -101,16 +91,16 @@ def _no_range() -> None:
 class MemoryRecorder:
     """Records allocator history on profiled stages and saves one snapshot per stage or mini-batch window.
 
-    Options come with each stage's spec (the run's ``ProfilerConfig.memory``; ``MemorySnapshots()`` when not given).
-    Every failure goes to ``report``; no method raises into the session (beside another recorder,
-    a raise here would leave that one running).
+    ``options``: the run's ``ProfilerConfig.memory`` (its registration names that field); ``MemorySnapshots()``
+    when not given. Every failure goes to ``report``; no method raises into the session (beside another
+    recorder, a raise here would leave that one running).
     """
 
     tool = MEMORY_TOOL
     stage_range_in_windows = False
 
-    def __init__(self, publish: Publish, report: Report) -> None:
-        self._writer = SnapshotWriter(MemorySnapshots(), publish, report)
+    def __init__(self, publish: Publish, report: Report, *, options: MemorySnapshots | None = None) -> None:
+        self._writer = SnapshotWriter(options if options is not None else MemorySnapshots(), publish, report)
         self._report = report
         self._spec: TraceSpec | None = None
         self._mini_batch = 0  # mini-batches finished since start
@@ -130,8 +120,6 @@ class MemoryRecorder:
         if self._spec is not None:
             raise RuntimeError(f"a memory recording is already open ({self._spec})")
         self._spec, self._mini_batch, self.windows_saved = spec, 0, 0
-        if isinstance(spec.memory, MemorySnapshots):
-            self._writer.options = spec.memory
         try:
             starts_recording = spec.schedule is None or action_at(0, spec.schedule) in _RECORDING
             if _cuda_or_warn("memory recording (tool 'torch_memory')") and starts_recording:
@@ -203,26 +191,6 @@ class MemoryRecorder:
             self.windows_saved += 1
         finally:
             self._off()
-
-
-class TorchWithMemory(Recorders):
-    """Tool ``torch+torch_memory``: torch.profiler traces and memory snapshots of the same stages."""
-
-    def __init__(self, publish: Publish, report: Report) -> None:
-        from instrument.recorders.torch import TorchBackend
-
-        # Memory first: it starts before the profiler and saves after it stopped, so a stage's
-        # snapshot is not in its trace (a window's is: both end at the same mini-batch).
-        super().__init__([MemoryRecorder(publish, report), TorchBackend(publish, report)])
-
-
-class NvtxWithMemory(Recorders):
-    """Tool ``nvtx+torch_memory``: NVTX ranges (for nsys) and memory snapshots of the same stages."""
-
-    def __init__(self, publish: Publish, report: Report) -> None:
-        from instrument.recorders.nvtx import NvtxBackend
-
-        super().__init__([MemoryRecorder(publish, report), NvtxBackend(publish, report)])
 
 
 # ---------------------------------------------------------------------- out of memory

@@ -23,7 +23,7 @@ from typing import Any
 import nvtx  # type: ignore[import-untyped]
 
 from instrument import naming
-from instrument.recorders import Publish, Report, TraceSpec
+from instrument.recorders import FastRange, FastScope, Publish, Report, TraceSpec
 from instrument.schedule import Action, action_at
 
 __all__ = ["CUDA_PROFILER", "DOMAIN", "NvtxBackend", "stage_color"]
@@ -149,10 +149,14 @@ class NvtxBackend:
         self._attributes[key] = attributes
         return attributes
 
-    ranges_per_thread = True  # push/pop belong to the calling thread and to no trace: any thread may take them
+    def fast_ranges(self, *, discrete: bool) -> FastScope:
+        """Both modes, on any thread: push/pop belong to the calling thread and to no trace."""
+        return "any thread"
 
-    def fast_range(self, name: str) -> tuple[Callable[[Any], None], Any, Callable[[], None]]:
-        """What a decorated call opens by itself on a continuous step: push, its attributes, pop."""
+    def fast_range(self, name: str, *, discrete: bool) -> FastRange:
+        """Continuous: push, its attributes, pop. Discrete: the stage's capture range too (:meth:`_fast_stage`)."""
+        if discrete:
+            return self._fast_stage(name)
         return (self._domain.push_range, self._attributes_for(name), self._domain.pop_range)
 
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
@@ -172,7 +176,7 @@ class NvtxBackend:
         """Whether a stage or step is open in this backend (through the session or the fast path)."""
         return self._spec is not None or self._holders > 0
 
-    def fast_stage(self, name: str) -> tuple[Callable[[Any], None], Any, Callable[[], None]]:
+    def _fast_stage(self, name: str) -> FastRange:
         """What a decorated call opens by itself on a discrete step: its capture range and range, and their close.
 
         The first holder opens the capture range and the last closes it, unless a stage the session

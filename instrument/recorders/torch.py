@@ -25,8 +25,9 @@ import torch
 import torch.profiler
 
 from instrument import naming
+from instrument._warnings import WarnOnce
 from instrument.naming import TRACE_SUFFIX
-from instrument.recorders import Publish, Report, TraceSpec
+from instrument.recorders import FastRange, FastScope, Publish, Report, TraceSpec
 from instrument.recorders._publish import Finisher, basename_of, fsynced, link_exclusively, publish_as, record_of
 from instrument.schedule import Action, action_at, window_of
 
@@ -106,11 +107,24 @@ class TorchBackend:
         self._profile: _Profile | None = None
         self._spec: TraceSpec | None = None
         self._stopping = False
-        self._cuda_warned = False
+        self._warn = WarnOnce(logger)
         self._exports = Finisher(
             self._compress, report, what="could not compress and save a trace", name="instrument-export"
         )
         self.windows_saved = 0
+        # Ranges opened by decorated calls on the step's thread: nested, so the last opened closes first.
+        opened: list[Any] = []
+        push, pop = opened.append, opened.pop
+
+        def open_fast(name: str) -> None:
+            fast = _FastRange(name)
+            fast.__enter__()
+            push(fast)
+
+        def close_fast() -> None:
+            pop().__exit__(None, None, None)
+
+        self._open_fast, self._close_fast = open_fast, close_fast
 
     # ------------------------------------------------------------------ tracing
 
@@ -171,9 +185,13 @@ class TorchBackend:
             self._stopping = False
             self._spec = None
 
-    def fast_range(self, name: str) -> Any:
-        """What a decorated call opens by itself on a continuous step: the range class, or None (slow path)."""
-        return _FastRange
+    def fast_ranges(self, *, discrete: bool) -> FastScope | None:
+        """Continuous steps only (a discrete stage starts a profiler), on the step's thread: ranges lie in its trace."""
+        return None if discrete else "step thread"
+
+    def fast_range(self, name: str, *, discrete: bool) -> FastRange | None:
+        """A ``_RecordFunctionFast`` range per call, or None without it (calls then go through the session)."""
+        return None if discrete or _FastRange is None else (self._open_fast, name, self._close_fast)
 
     def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
         """Open a range now; the returned function closes it (cheaper than a generator context)."""
@@ -190,10 +208,10 @@ class TorchBackend:
         if "cuda" in contents:
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
-            elif not self._cuda_warned:
-                self._cuda_warned = True
-                logger.warning(
-                    "instrument: contents asks for 'cuda' but CUDA is not available here; recording CPU activity only"
+            else:
+                self._warn(
+                    "no cuda",
+                    "instrument: contents asks for 'cuda' but CUDA is not available here; recording CPU activity only",
                 )
         return activities
 

@@ -11,7 +11,6 @@ import inspect
 import itertools
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from threading import get_ident
 from time import perf_counter
 from types import TracebackType
@@ -21,6 +20,7 @@ from instrument import naming
 from instrument.config import ProfilerConfig
 from instrument.run._info import RunInfo
 from instrument.run._session import Session, start_session
+from instrument.run._stages import _Frame, drop_stage, opened_by, push_stage
 from instrument.run._state import STATE
 
 __all__ = [
@@ -35,9 +35,6 @@ __all__ = [
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-_WITH_ENTRIES: ContextVar[tuple[tuple[Any, Any], ...]] = ContextVar("instrument_with_stages", default=())
-"""``profiled_stage`` objects entered as ``with`` blocks in this context, innermost last."""
 
 
 def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, world_size: int | None = None) -> RunInfo:
@@ -138,42 +135,32 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     # -- as a context manager
 
     def __enter__(self) -> profiled_stage:
+        # One object may be entered by several threads or tasks at once: what it pushed on this context's
+        # stage stack is its own. Off a profiled step (and untimed) that is the object itself, as a marker.
         session = STATE.session
         if not STATE.engaged or session is None:
-            entry = None
-        else:
-            frame = session.enter_stage(self.name, self.scheduled, role=self.role) if STATE.recording else None
-            entry = (frame, time.perf_counter())
-        # One object may be entered by several threads or tasks at once: entries are context-local.
-        _WITH_ENTRIES.set((*_WITH_ENTRIES.get(), (self, entry)))
+            push_stage(self)
+            return self
+        frame, started = _stage_begins(session, self.name, self.scheduled, self.role)
+        if frame is None:  # timed by stage metrics, not recorded
+            frame = _Frame(self.name, self.scheduled)
+            push_stage(frame)
+        frame.owner, frame.started = self, started
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         try:
-            self._leave()
+            entry = opened_by(self)
+            session = STATE.session
+            if isinstance(entry, _Frame) and session is not None:
+                _stage_ends(session, self.name, entry, entry.started)  # drops it
+            elif entry is not None:
+                drop_stage(entry)
         finally:  # the stage has closed, as in a decorated call; then the error goes on, unchanged
             if exc is not None:
                 _left_with(exc, self.name, self.role)
-
-    def _leave(self) -> None:
-        entries = _WITH_ENTRIES.get()
-        for i in range(len(entries) - 1, -1, -1):
-            if entries[i][0] is self:
-                entry = entries[i][1]
-                _WITH_ENTRIES.set(entries[:i] + entries[i + 1 :])
-                break
-        else:
-            return
-        session = STATE.session
-        if entry is None or session is None:
-            return
-        frame, started = entry
-        if session.metrics is not None:
-            session.observe_stage(self.name, time.perf_counter() - started)
-        if frame is not None:
-            session.exit_stage(frame)
 
     # -- as a decorator
 
@@ -205,15 +192,11 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
                 session = state.session
                 if not state.engaged or session is None:
                     return await func(*args, **kwargs)
-                frame = session.enter_stage(name, scheduled, concurrent=True, role=role) if state.recording else None
-                started = time.perf_counter()
+                frame, started = _stage_begins(session, name, scheduled, role, concurrent=True)
                 try:
                     return await func(*args, **kwargs)  # the range covers the awaited work
                 finally:
-                    if session.metrics is not None:
-                        _stage_done(session, name, frame, started)
-                    elif frame is not None:
-                        session.exit_stage(frame)
+                    _stage_ends(session, name, frame, started)
             except RuntimeError as exc:  # torch.OutOfMemoryError is one
                 if state.on_oom is not None:
                     _left_with(exc, name, role)
@@ -225,22 +208,20 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
     def stage(*args: Any, **kwargs: Any) -> Any:
         # Python >= 3.11 enters a try block for free (zero-cost exceptions; 3.10 pays one cheap block
         # setup): the disabled path costs what it did; only an exception leaving the stage reaches the
-        # OOM snapshot's hook.
+        # OOM snapshot's hook. The disabled check and the two shortcuts stay inline (each Python call
+        # would cost the hot path); the rest is the body every form shares (_stage_begins/_stage_ends).
         try:
             if not state.engaged:
                 return func(*args, **kwargs)
             fast = state.fast
             if fast is not None and (not state.fast_thread or state.fast_thread == get_ident()):
                 entry = fast.get(name)
-                if entry is not None:  # a range and nothing else: decided once per step (see _state)
-                    if entry.__class__ is tuple:  # (push, attributes, pop): an NVTX domain range
-                        entry[0](entry[1])
-                        try:
-                            return func(*args, **kwargs)
-                        finally:
-                            entry[2]()
-                    with entry(name):  # a range class such as torch's _RecordFunctionFast
+                if entry is not None:  # (enter, arg, exit), a range and nothing else: decided once per step
+                    entry[0](entry[1])
+                    try:
                         return func(*args, **kwargs)
+                    finally:
+                        entry[2]()
             observers = state.observers
             if observers is not None and not state.recording:
                 observe = observers.get(name)
@@ -250,7 +231,14 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
                         return func(*args, **kwargs)
                     finally:
                         observe(perf_counter() - started)
-            return _engaged_call(func, name, scheduled, role, args, kwargs)
+            session = state.session
+            if session is None:
+                return func(*args, **kwargs)
+            frame, began = _stage_begins(session, name, scheduled, role)
+            try:
+                return func(*args, **kwargs)
+            finally:
+                _stage_ends(session, name, frame, began)
         except RuntimeError as exc:  # torch.OutOfMemoryError is one; the hook checks the class
             if state.on_oom is not None:
                 _left_with(exc, name, role)
@@ -259,29 +247,18 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
     return stage
 
 
-def _engaged_call(
-    func: Callable[..., Any], name: str, scheduled: bool, role: str | None, args: Any, kwargs: Any
-) -> Any:
-    """A decorated call on a profiled step, or with stage metrics on."""
-    session = STATE.session
-    if session is None:
-        return func(*args, **kwargs)
-    frame = session.enter_stage(name, scheduled, role=role) if STATE.recording else None
-    if session.metrics is None:  # the common profiled case: no clock reads
-        try:
-            return func(*args, **kwargs)
-        finally:
-            if frame is not None:
-                session.exit_stage(frame)
-    started = time.perf_counter()
-    try:
-        return func(*args, **kwargs)
-    finally:
-        _stage_done(session, name, frame, started)
+def _stage_begins(
+    session: Session, name: str, scheduled: bool, role: str | None, *, concurrent: bool = False
+) -> tuple[_Frame | None, float | None]:
+    """A stage begins past the disabled check (any form): its frame on a profiled step, its start with metrics."""
+    frame = session.enter_stage(name, scheduled, concurrent=concurrent, role=role) if STATE.recording else None
+    return frame, (perf_counter() if session.metrics is not None else None)
 
 
-def _stage_done(session: Session, name: str, frame: Any, started: float) -> None:
-    session.observe_stage(name, time.perf_counter() - started)
+def _stage_ends(session: Session, name: str, frame: _Frame | None, started: float | None) -> None:
+    """The stage of :func:`_stage_begins` ends (also when it raised): observe its time, close its frame."""
+    if started is not None:
+        session.observe_stage(name, perf_counter() - started)
     if frame is not None:
         session.exit_stage(frame)
 

@@ -15,6 +15,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from instrument import recorders
 from instrument.config import ProfilerConfig
 from instrument.run._state import STATE
 from instrument.run._triggers import TRIGGER_FILE
@@ -25,7 +26,7 @@ __all__ = [
     "detect_rank_and_world",
     "install_process_hooks",
     "install_usr1",
-    "keep_cupti_for_torch",
+    "keep_cupti",
     "terminate_now",
     "uninstall_process_hooks",
 ]
@@ -110,10 +111,7 @@ def _forget_parent_run() -> None:
     session = STATE.session
     if session is not None:
         session.forget_after_fork()
-    STATE.session = None
-    STATE.recording = STATE.engaged = False
-    STATE.fast = STATE.observers = None
-    STATE.on_oom = None  # never closed here: its lock may have been held by another thread at fork
+    STATE.reset()  # the OOM hook is never closed here: its lock may have been held by another thread at fork
 
 
 os.register_at_fork(after_in_child=_forget_parent_run)
@@ -176,23 +174,25 @@ def uninstall_process_hooks() -> None:
 
 NVTX_INJECTION_VARIABLES = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH")
 KEEP_NVTX_INJECTION = "INSTRUMENT_KEEP_NVTX_INJECTION"
-"""Set to 1 to keep an NVTX injection library even under ``tool="torch"`` with CUDA."""
+"""Set to 1 to keep an NVTX injection library even under a CUPTI recorder (``tool="torch"``) with CUDA."""
 
 
-def keep_cupti_for_torch(config: ProfilerConfig) -> None:
-    """Under torch.profiler with CUDA, drop NVTX injection (nsys): both want CUPTI, and torch loses its kernels.
+def keep_cupti(config: ProfilerConfig) -> None:
+    """Under a recorder that uses CUPTI (torch.profiler) with CUDA, drop NVTX injection (nsys): both want CUPTI,
+    and the recorder loses its kernels. What a recorder uses is its registration's to say (``uses_cupti``).
 
     Takes effect for NVTX calls that have not happened yet in this process (the tool is chosen
     at the first call), so ``configure`` should run before CUDA work.
     """
-    tracer = config.tool.split("+")[0]  # "torch+torch_memory" traces with torch.profiler too
-    if tracer != "torch" or "cuda" not in config.contents or os.environ.get(KEEP_NVTX_INJECTION) == "1":
+    if "cuda" not in config.contents or os.environ.get(KEEP_NVTX_INJECTION) == "1":
+        return
+    if not any(name in os.environ for name in NVTX_INJECTION_VARIABLES) or not recorders.uses_cupti(config.tool):
         return
     removed = [name for name in NVTX_INJECTION_VARIABLES if os.environ.pop(name, None) is not None]
-    if removed:
-        logger.warning(
-            "instrument: tool='torch' with CUDA: removed %s from this process's environment so torch.profiler "
-            "keeps CUPTI (kernels in the trace); set %s=1 to keep NVTX injection",
-            ", ".join(removed),
-            KEEP_NVTX_INJECTION,
-        )
+    logger.warning(
+        "instrument: tool=%r with CUDA: removed %s from this process's environment so its recorder keeps CUPTI "
+        "(kernels in the trace); set %s=1 to keep NVTX injection",
+        config.tool,
+        ", ".join(removed),
+        KEEP_NVTX_INJECTION,
+    )

@@ -12,21 +12,21 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from instrument import naming
+from instrument import naming, recorders
 from instrument import ranks as _ranks
+from instrument._warnings import WarnOnce
 from instrument.config import ProfilerConfig
 from instrument.finish._coordinator import FinishCoordinator
 from instrument.manifest import Manifest, TraceRecord
-from instrument.recorders import Publish, Recorder, Recorders, Report, TraceSpec, recorder_class
+from instrument.recorders import FastRanges, Recorder, TraceSpec
 from instrument.run._process import (
     detect_rank_and_world,
     install_process_hooks,
     install_usr1,
-    keep_cupti_for_torch,
+    keep_cupti,
     terminate_now,
 )
 from instrument.run._stages import StageTracing, _Frame
@@ -38,10 +38,6 @@ __all__ = ["STATE", "Session", "detect_rank_and_world", "start_session"]
 logger = logging.getLogger(__name__)
 
 
-RECORDER_OVERRIDE: list[Callable[..., Any]] = []
-"""Recorder factories that replace the configured tool's (``instrument.testing.capture`` sets it)."""
-
-
 def is_last_step(config: ProfilerConfig, step: int, *, last: bool) -> bool:
     """Whether the run's profiling ends after ``step``: ``last``, or the last configured step.
 
@@ -50,12 +46,6 @@ def is_last_step(config: ProfilerConfig, step: int, *, last: bool) -> bool:
     """
     may_trigger = config.trigger is not None or config.on_demand
     return last or (not may_trigger and config.steps is not None and step >= config.steps[-1])
-
-
-def configured_recorder(publish: Publish, report: Report, *, tool: str) -> Recorder:
-    """The recorder the configuration names, from the registry."""
-    recorder: Recorder = recorder_class(tool)(publish, report)
-    return recorder
 
 
 class Session(StageTracing):
@@ -73,6 +63,7 @@ class Session(StageTracing):
         self.records: list[TraceRecord] = []
         self.finished = False
         self._backend: Recorder | None = None
+        self._fast: FastRanges | None = None
         # One trace at a time per process (torch.profiler crashes when two threads drive it).
         # The stage that opens a trace owns it; stages of other threads or tasks entered while it
         # is open are ranges in it ("guests"). The trace stops when its owner and every guest have
@@ -86,8 +77,7 @@ class Session(StageTracing):
         self.terminate_pending = False
         self._backend_failed = False
         self._manifest = Manifest(config.save_path)
-        self.failures = 0  # SDK failures this run absorbed (each kind warned about once)
-        self._warned: set[str] = set()
+        self._failures = WarnOnce(logger)  # SDK failures this run absorbed (each kind warned about once)
         self._never_recorded: set[str] = set()
         self._specs: dict[tuple[str, int | None, bool, bool, str | None], TraceSpec] = {}
         self.step_triggered = False
@@ -133,22 +123,15 @@ class Session(StageTracing):
 
     # ------------------------------------------------------------------ failures
 
+    @property
+    def failures(self) -> int:
+        """SDK failures this run absorbed so far."""
+        return self._failures.count
+
     def _fail(self, what: str, exc: BaseException) -> None:
-        self.failures += 1
+        self._failures.failure(what, exc, f" (role {self.role}, rank {self.rank})")
         if self.metrics is not None:
             self.metrics.failures.inc()
-        if what in self._warned:
-            logger.debug("instrument: %s: %s", what, exc)
-            return
-        self._warned.add(what)
-        logger.warning(
-            "instrument: %s (role %s, rank %d): %s: %s; training continues",
-            what,
-            self.role,
-            self.rank,
-            type(exc).__name__,
-            exc,
-        )
 
     # ------------------------------------------------------------------ backend
 
@@ -157,9 +140,7 @@ class Session(StageTracing):
             return self._backend
         try:
             Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
-            factories = RECORDER_OVERRIDE or [configured_recorder]
-            recorders = [factory(self.publish, self._fail, tool=self.config.tool) for factory in factories]
-            self._backend = recorders[0] if len(recorders) == 1 else Recorders(recorders)
+            self._backend = recorders.build(self.config.tool, self.publish, self._fail, config=self.config)
         except Exception as exc:
             self._backend_failed = True
             self._fail(f"cannot profile into {self.config.save_path!r}", exc)
@@ -192,7 +173,6 @@ class Session(StageTracing):
             contents=self.config.contents,
             schedule=schedule,
             triggered=self.step_triggered,
-            memory=self.config.memory,
         )
 
     # ------------------------------------------------------------------ steps
@@ -219,18 +199,24 @@ class Session(StageTracing):
             backend.on_step(self.role, step)
             if not self.config.discrete and self._may_start(naming.CONTINUOUS_STAGE):
                 backend.start(self._spec(naming.CONTINUOUS_STAGE))
-                if self.metrics is None and hasattr(backend, "fast_range"):
-                    # Stages of this step need only a range: decorated calls open it themselves.
-                    STATE.fast_thread = 0 if getattr(backend, "ranges_per_thread", False) else threading.get_ident()
-                    STATE.fast = {}
-            elif self.config.discrete and self.metrics is None and hasattr(backend, "fast_stage"):
-                # Each stage opens its own capture range and range (NVTX): no session bookkeeping needed.
-                STATE.fast_thread, STATE.fast = 0, {}
+                self._offer_fast_ranges(backend)  # stages of this step need only a range in its trace
+            elif self.config.discrete:
+                self._offer_fast_ranges(backend)  # each stage opens its own trace (NVTX: a capture range and range)
             STATE.recording = STATE.engaged = True
         except Exception as exc:
             self._fail(f"could not start profiling step {step}", exc)
         finally:
             self._release(held)
+
+    def _offer_fast_ranges(self, backend: Recorder) -> None:
+        """If the recorder offers it (and no metrics time each call), decorated calls open their own ranges."""
+        self._fast = None
+        if self.metrics is None and isinstance(backend, FastRanges):
+            scope = backend.fast_ranges(discrete=self.config.discrete)
+            if scope is not None:
+                self._fast = backend
+                STATE.fast_thread = 0 if scope == "any thread" else threading.get_ident()
+                STATE.fast = {}
 
     def end_step(self, *, last: bool = False, failed: bool = False) -> None:
         """End the open step; after the last one (``last`` or the last configured step) run the finish hook.
@@ -382,7 +368,7 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
         _ranks.validate_ranks(config.ranks, world_size)
     if config.finish_hook is not None and not config.finish_hook.all_ranks:
         _ranks.validate_ranks(config.finish_hook.ranks, world_size, field="finish_hook.ranks")
-    keep_cupti_for_torch(config)
+    keep_cupti(config)
     previous = STATE.session
     if previous is not None and not previous.finished:
         logger.warning("instrument: configure() called while a run was open; finishing that run first")

@@ -1,7 +1,10 @@
 """Stages and the one trace a process records at a time: the part of the session the hot path drives.
 
-Each thread and asyncio task has its own stage stack (a context variable), so a
-``profile_window`` belongs to the stage of its own context. One trace is open per process
+Each thread and asyncio task has its own stage stack (one context variable, :data:`_STAGES`), so a
+``profile_window`` belongs to the stage of its own context. Every form of a stage pushes its frame
+on entry and drops it on exit in a ``finally``, as opentelemetry's ``use_span`` attaches and
+detaches its context; a frame is dropped by identity, so stages that end out of order (threads,
+hand-called ``__exit__``) leave the others in place. One trace is open per process
 (torch.profiler crashes when two threads drive it): the stage that opens it owns it, stages
 entered elsewhere while it is open are ranges in it ("guests"), and it stops when its owner
 and every guest have left, or at the end of the step. No range of ours ever spans a stop
@@ -17,16 +20,22 @@ from contextvars import ContextVar
 from typing import Any
 
 from instrument.config import ProfilerConfig
-from instrument.recorders import Recorder, TraceSpec
+from instrument.recorders import FastRanges, Recorder, TraceSpec
 from instrument.run._state import STATE
 
-__all__ = ["StageTracing"]
+__all__ = ["StageTracing", "drop_stage", "innermost_frame", "opened_by", "push_stage"]
 
 logger = logging.getLogger(__name__)
 
 
 class _Frame:
-    """One open stage (slots, no dataclass: built once per stage call on profiled steps)."""
+    """One open stage (slots, no dataclass: built once per stage call on profiled steps).
+
+    A frame the session entered (:meth:`StageTracing.enter_stage`) may hold a range in a trace. A
+    ``with profiled_stage(...)`` block timed by stage metrics off a profiled step has a bare one
+    (``trace`` -1). ``owner``: the ``profiled_stage`` object of a with-block; ``started``: when it
+    began, if stage metrics time it.
+    """
 
     __slots__ = (
         "close_range",
@@ -34,7 +43,9 @@ class _Frame:
         "concurrent",
         "mini_batches",
         "name",
+        "owner",
         "scheduled",
+        "started",
         "trace",
         "traced",
         "window_open",
@@ -52,10 +63,44 @@ class _Frame:
         self.mini_batches = 0
         self.window_open = False
         self.close_window: Callable[[], None] | None = None
+        self.owner: object = None
+        self.started: float | None = None
 
 
-_STAGES: ContextVar[tuple[_Frame, ...]] = ContextVar("instrument_stages", default=())
-"""The open stages of this thread or asyncio task, innermost last (each context its own)."""
+_STAGES: ContextVar[tuple[object, ...]] = ContextVar("instrument_stages", default=())
+"""The one stage stack: the open stages of this thread or asyncio task, innermost last (each context its own).
+Each is a :class:`_Frame`, or, for a with-block that nothing records or times, the ``profiled_stage``
+object itself (a marker its exit finds: no frame is built on the disabled path)."""
+
+
+def push_stage(entry: object) -> None:
+    """A stage of this context begins: its frame, or a with-block's marker."""
+    _STAGES.set((*_STAGES.get(), entry))
+
+
+def drop_stage(entry: object) -> None:
+    """A stage of this context ends (one not on this context's stack is left alone)."""
+    stack = _STAGES.get()
+    if stack and stack[-1] is entry:
+        _STAGES.set(stack[:-1])
+    elif entry in stack:
+        _STAGES.set(tuple(e for e in stack if e is not entry))
+
+
+def innermost_frame() -> _Frame | None:
+    """This context's innermost stage frame (markers are skipped: nothing recorded them)."""
+    for entry in reversed(_STAGES.get()):
+        if isinstance(entry, _Frame):
+            return entry
+    return None
+
+
+def opened_by(owner: object) -> object:
+    """What the with-block object ``owner`` pushed last in this context: its frame, itself (a marker), or None."""
+    for entry in reversed(_STAGES.get()):
+        if entry is owner or (isinstance(entry, _Frame) and entry.owner is owner):
+            return entry
+    return None
 
 
 class StageTracing:
@@ -66,6 +111,7 @@ class StageTracing:
     step_profiled: bool
     metrics: Any
     _backend: Recorder | None
+    _fast: FastRanges | None  # the backend, on a step where decorated calls open their own ranges
     _lock: threading.RLock
     _holder: int
     _trace: int
@@ -118,7 +164,7 @@ class StageTracing:
     def enter_stage(self, name: str, scheduled: bool, *, concurrent: bool = False, role: str | None = None) -> _Frame:
         """A stage begins inside a profiled step; ``concurrent`` for coroutines (ranges not per thread)."""
         frame = _Frame(name, scheduled, concurrent)
-        _STAGES.set((*_STAGES.get(), frame))
+        push_stage(frame)
         backend = self._backend
         if backend is None:
             return frame
@@ -139,23 +185,19 @@ class StageTracing:
         if frame.trace >= 0 and (not frame.windowed or backend.stage_range_in_windows):
             try:
                 frame.close_range = backend.enter_range(name, concurrent=concurrent)
-                fast = STATE.fast
-                if fast is not None and name not in fast:  # the next calls of this stage open the range alone
+                fast, ranges = STATE.fast, self._fast
+                if fast is not None and ranges is not None and name not in fast:  # the next calls open it alone
                     if not self.config.discrete:
-                        fast[name] = backend.fast_range(name)  # type: ignore[attr-defined]
-                    elif frame.traced and not frame.windowed:  # and their capture range (see begin_step)
-                        fast[name] = backend.fast_stage(name)  # type: ignore[attr-defined]
+                        fast[name] = ranges.fast_range(name, discrete=False)
+                    elif frame.traced and not frame.windowed:  # and their own trace (see begin_step)
+                        fast[name] = ranges.fast_range(name, discrete=True)
             except Exception as exc:
                 self._fail(f"could not start stage {name!r}", exc)
         return frame
 
     def exit_stage(self, frame: _Frame) -> None:
         """The stage of ``frame`` ends (also when it raised)."""
-        stack = _STAGES.get()
-        if stack and stack[-1] is frame:
-            _STAGES.set(stack[:-1])
-        elif frame in stack:
-            _STAGES.set(tuple(f for f in stack if f is not frame))
+        drop_stage(frame)
         if frame.trace < 0:
             return
         try:
@@ -193,8 +235,7 @@ class StageTracing:
 
     def enter_window(self, mini_batch: int) -> tuple[_Frame | None, Callable[[], None] | None]:
         """A mini-batch begins in this context's innermost stage: record its range."""
-        stack = _STAGES.get()
-        frame = stack[-1] if stack else None
+        frame = innermost_frame()
         backend = self._backend
         if backend is None:
             return frame, None

@@ -11,9 +11,9 @@ class _State:
     """``recording``: a profiled step is open on this rank; ``engaged``: recording, or stage metrics
     on (decorated calls leave the disabled path); ``session``: the run of this process, if any.
 
-    ``fast``: on a profiled step whose stages open what they need by themselves (continuous mode,
-    or discrete NVTX: a range and a capture range; no metrics), stage name -> how to open it,
-    filled by the first call of each name; read by decorated calls on ``fast_thread`` (0: any
+    ``fast``: on a profiled step whose recorder offers the per-call fast path
+    (:class:`instrument.recorders.FastRanges`; no metrics), stage name -> its ``(enter, arg, exit)``
+    range, filled by the first call of each name; read by decorated calls on ``fast_thread`` (0: any
     thread) instead of the session's bookkeeping.
     ``observers``: with stage metrics on, the same idea for unprofiled steps (time and observe).
     ``on_oom``: with ``memory.on_oom``, called as ``on_oom(exc, stage, role)`` by a stage an exception
@@ -22,14 +22,23 @@ class _State:
 
     __slots__ = ("engaged", "fast", "fast_thread", "observers", "on_oom", "recording", "session")
 
+    recording: bool
+    engaged: bool
+    session: Any  # instrument.run._session.Session (not imported: no cycle)
+    fast: dict[str, Any] | None  # stage -> instrument.recorders.FastRange, or None
+    fast_thread: int
+    observers: dict[str, Any] | None  # with stage metrics: stage -> bound observe
+    on_oom: Any  # instrument.recorders.memory.OomSnapshots, or None
+
     def __init__(self) -> None:
-        self.recording = False
-        self.engaged = False
-        self.session: Any = None  # instrument.run._session.Session (not imported: no cycle)
-        self.fast: dict[str, Any] | None = None
+        self.reset()
+
+    def reset(self) -> None:
+        """Not configured: no run, nothing recorded, no fast path, no observers, no OOM hook (closes nothing)."""
+        self.session = None
+        self.recording = self.engaged = False
+        self.fast = self.observers = self.on_oom = None
         self.fast_thread = 0
-        self.observers: dict[str, Any] | None = None  # with stage metrics: stage -> bound observe
-        self.on_oom: Any = None  # instrument.recorders.memory.OomSnapshots, or None
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         # Decorated methods hold this object in their closure, and Ray pickles worker classes

@@ -43,9 +43,16 @@ def test_schedule_rejects(kwargs: dict[str, object], error: type[Exception], mes
         (
             {"tool": "pytorch"},
             ValueError,
-            "'tool' must be one of 'none', 'nvtx', 'nvtx+torch_memory', 'torch', 'torch+torch_memory', "
-            "'torch_memory': 'pytorch'",
+            "'tool' must be one of 'none', 'nvtx', 'torch', 'torch_memory', or recorder names joined by '+': 'pytorch'",
         ),
+        (
+            {"tool": "torch+torch_memory+perf"},
+            ValueError,
+            "'tool' joins recorders with '+': 'perf' in 'torch+torch_memory+perf' is not one of 'nvtx', 'torch', "
+            "'torch_memory'",
+        ),
+        ({"tool": "torch+torch"}, ValueError, "'tool' must name each recorder once: 'torch' is twice in 'torch+torch'"),
+        ({"tool": "none+nvtx"}, ValueError, "'tool' cannot combine 'none' with recorders: 'none+nvtx'"),
         ({"steps": [0]}, ValueError, "'steps' must hold values >= 1: 0"),
         ({"steps": [2, -1]}, ValueError, "'steps' must hold values >= 1: -1"),
         ({"steps": []}, ValueError, "'steps' must list at least one step, or be null for every step: []"),

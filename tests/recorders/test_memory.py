@@ -25,6 +25,7 @@ torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
 import instrument.testing  # noqa: E402
+from instrument._warnings import WarnOnce  # noqa: E402
 from instrument.naming import parse_trace_name, trace_basename  # noqa: E402
 from instrument.recorders import _snapshot_files, memory  # noqa: E402
 from instrument.run._state import STATE  # noqa: E402
@@ -79,7 +80,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInCuda]:
 
 @pytest.fixture(autouse=True)
 def _fresh_warning(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(memory, "_warned_no_cuda", False)
+    monkeypatch.setattr(memory, "NO_CUDA", WarnOnce(memory.logger))
     yield
     STATE.on_oom = None
 

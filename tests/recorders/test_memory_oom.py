@@ -20,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import instrument as ins  # noqa: E402
+from instrument._warnings import WarnOnce  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
 from instrument.recorders import memory  # noqa: E402
 from instrument.run._state import STATE  # noqa: E402
@@ -31,7 +32,7 @@ def cuda(monkeypatch: pytest.MonkeyPatch) -> Iterator[StandInCuda]:
     stand_in = StandInCuda()
     monkeypatch.setattr(memory, "CUDA", stand_in)
     monkeypatch.setattr(memory, "_oom_history", None)
-    monkeypatch.setattr(memory, "_warned_no_cuda", False)
+    monkeypatch.setattr(memory, "NO_CUDA", WarnOnce(memory.logger))
     yield stand_in
     STATE.on_oom = None
 

@@ -16,9 +16,17 @@ import pytest
 
 import instrument as ins
 import instrument.testing
-from instrument import recorders as backends
 from instrument.manifest import TraceRecord, read_manifests
-from instrument.recorders import Publish, Report, TraceSpec, recorder_class, register_recorder, registered_tools
+from instrument.recorders import (
+    Publish,
+    Report,
+    TraceSpec,
+    _registry,
+    recorder_class,
+    register_recorder,
+    registered_tools,
+)
+from instrument.testing import RecorderCall as Call
 
 
 def _update(n: int) -> None:
@@ -36,15 +44,17 @@ def test_capture_sees_what_the_session_asks_of_its_recorder(tmp_path: Path) -> N
             with ins.profile_step(step), ins.profiled_stage("compute_log_prob"):
                 _update(3)
     assert calls == [
-        ("step", "actor", 2),
-        ("start", "compute_log_prob", None),
-        ("range", "compute_log_prob"),
-        ("range", "update_actor"),  # nested: a range in the open trace
-        *[c for i in range(3) for c in (("range", f"mini_batch{i}"), ("close_range", f"mini_batch{i}"))],
-        ("close_range", "update_actor"),
-        ("close_range", "compute_log_prob"),
-        ("stop", "compute_log_prob"),
+        Call("step", role="actor", step=2),
+        Call("start", "compute_log_prob"),
+        Call("range", "compute_log_prob"),
+        Call("range", "update_actor"),  # nested: a range in the open trace
+        *[c for i in range(3) for c in (Call("range", f"mini_batch{i}"), Call("close_range", f"mini_batch{i}"))],
+        Call("close_range", "update_actor"),
+        Call("close_range", "compute_log_prob"),
+        Call("stop", "compute_log_prob"),
     ]
+    start = calls[1].spec  # the whole spec of a start, outside ==
+    assert start is not None and (start.role, start.step, start.rank, start.triggered) == ("actor", 2, 0, False)
 
 
 def test_a_scheduled_stage_advances_its_own_schedule(tmp_path: Path) -> None:
@@ -53,9 +63,9 @@ def test_a_scheduled_stage_advances_its_own_schedule(tmp_path: Path) -> None:
         ins.configure(cfg, role="actor", rank=0, world_size=1)
         with ins.profile_step(1):
             _update(4)
-    assert calls[1] == ("start", "update_actor", ins.Schedule(active=2))
-    assert calls.count(("window_step",)) == 4
-    assert calls[-1] == ("stop", "update_actor")
+    assert calls[1] == Call("start", "update_actor", schedule=ins.Schedule(active=2))
+    assert calls.count(Call("window_step")) == 4
+    assert calls[-1] == Call("stop", "update_actor")
 
 
 def test_unprofiled_steps_and_ranks_ask_nothing(tmp_path: Path) -> None:
@@ -87,12 +97,12 @@ def test_threads_share_one_trace_and_it_stops_when_the_last_leaves(tmp_path: Pat
             release.set()
             for t in threads:
                 t.join()
-    assert [c for c in calls if c[0] in ("start", "stop")] == [
-        ("start", "generate_sequences", None),
-        ("stop", "generate_sequences"),
+    assert [c for c in calls if c.kind in ("start", "stop")] == [
+        Call("start", "generate_sequences"),
+        Call("stop", "generate_sequences"),
     ]
-    assert calls[-1] == ("stop", "generate_sequences")  # after both ranges closed
-    assert calls.count(("close_range", "generate_sequences")) == 2
+    assert calls[-1] == Call("stop", "generate_sequences")  # after both ranges closed
+    assert calls.count(Call("close_range", "generate_sequences")) == 2
 
 
 def test_async_tasks_have_their_own_stage_stacks(tmp_path: Path) -> None:
@@ -117,7 +127,7 @@ def test_async_tasks_have_their_own_stage_stacks(tmp_path: Path) -> None:
         ins.configure(cfg, role="actor", rank=0, world_size=1)
         with ins.profile_step(1):
             asyncio.run(both())
-    assert calls.count(("window_step",)) == 2  # only update_actor's own windows
+    assert calls.count(Call("window_step")) == 2  # only update_actor's own windows
 
 
 def test_capture_alongside_keeps_the_configured_recorder(tmp_path: Path) -> None:
@@ -127,7 +137,7 @@ def test_capture_alongside_keeps_the_configured_recorder(tmp_path: Path) -> None
         with ins.profile_step(1), ins.profiled_stage("compute_log_prob"):
             pass
         files = ins.finish()
-    assert ("start", "compute_log_prob", None) in calls
+    assert Call("start", "compute_log_prob") in calls
     assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")
 
 
@@ -180,7 +190,7 @@ class LinesRecorder:
 def test_a_registered_recorder_records_and_the_session_lists_its_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))  # the registry is process-wide
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))  # the registry is process-wide
     register_recorder("lines", f"{__name__}:LinesRecorder")
     assert "lines" in registered_tools() and recorder_class("lines") is LinesRecorder
     ins.configure(ins.ProfilerConfig(tool="lines", save_path=str(tmp_path), steps=(1,)), role="actor", rank=0)
@@ -199,7 +209,7 @@ def test_a_registered_recorder_records_and_the_session_lists_its_files(
 def test_register_recorder_checks_its_arguments(
     tool: str, target: Any, error: type[Exception], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(backends, "_REGISTRY", dict(backends._REGISTRY))
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
     with pytest.raises(error):
         register_recorder(tool, target)
 
