@@ -24,7 +24,7 @@ from instrument import naming, ranks
 from instrument.config import ProfilerConfig, Schedule
 from instrument.manifest import Manifest, TraceRecord, read_manifests
 from instrument.plan import RunPlan, StageSpec, count, plan_run
-from instrument.rollout._profiler import SGLANG_TRACES, VLLM_TRACES, engine_to_drive, relocate_engine_traces
+from instrument.rollout import engine_to_drive, relocate_engine_traces, vllm
 
 WORLD = 4096
 TP = 8  # GPUs per rollout replica, and per node
@@ -206,7 +206,7 @@ def _relocate_all(source: Path, save: Path, selected: tuple[int, ...], every: bo
         relocate_engine_traces(
             source / f"replica{replica}", save_path=save, step=2, replica=replica, gpus_per_replica=TP,
             world_size=WORLD, keep_ranks=ranks.ranks_to_keep(replica, selected, every, WORLD, TP),
-            manifest=manifest, quiet_s=0.0, timeout_s=60.0, traces=VLLM_TRACES, report=report,
+            manifest=manifest, quiet_s=0.0, timeout_s=60.0, traces=vllm.TRACES, report=report,
         )  # fmt: skip
 
     with ThreadPoolExecutor(max_workers=32) as pool:
@@ -276,7 +276,7 @@ def test_selection_replicas_and_tp_filtering_equal_the_oracle(job: tuple[int, in
         assert engine_to_drive(g, gpus_per_replica=per, world_size=world, config=config) == drives
         keep = ranks.ranks_to_keep(g // per, selected, every, world, per)
         for name in _engine_names(g % per, step=1):
-            traces = SGLANG_TRACES if "-TP-" in name else VLLM_TRACES
+            traces = ranks.trace_names(ranks.parse_engine_trace_name(name).engine)  # type: ignore[union-attr]
             kept = ranks.keep_engine_trace(name, g // per, per, keep, parse=traces.local_rank)
             assert kept is (g in chosen)
 

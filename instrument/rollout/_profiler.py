@@ -401,14 +401,3 @@ class RolloutProfiler:
                 step,
             )
         return result.moved
-
-
-_FORMER_NAMES = {"VLLM_TRACES": "vllm", "SGLANG_TRACES": "sglang"}
-
-
-def __getattr__(name: str) -> ranks.TraceNames:
-    # The built-in engines' grammars under their names from before engine profiles, for callers not yet
-    # moved to EngineProfile.traces (tests/test_scale.py): remove with the last of them.
-    if name in _FORMER_NAMES:
-        return ranks.trace_names(_FORMER_NAMES[name])
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
