@@ -222,3 +222,46 @@ def test_configure_returns_a_read_only_description(tmp_path: Path) -> None:
     with pytest.raises(AttributeError):
         run.rank = 0  # type: ignore[misc]
     assert "Session" not in ins.__all__
+
+
+class _Probe(instrument.testing.RecordingRecorder):
+    """Records into a shared list, under its own tool name, with the options it was built with."""
+
+    events: list[str]
+
+    def __init__(self, publish: Publish, report: Report, options: object = None) -> None:
+        super().__init__(publish, report, [])
+        self.events.append(f"built {self.tool} with {options}")
+
+    def start(self, spec: TraceSpec) -> None:
+        super().start(spec)
+        self.events.append(f"start {self.tool}")
+
+    def stop(self) -> None:
+        if self.tracing:
+            self.events.append(f"stop {self.tool}")
+        super().stop()
+
+
+@pytest.mark.parametrize("tool", ["tracer+snapshots", "snapshots+tracer"])
+def test_an_outermost_recorder_wraps_the_others_and_gets_its_options(
+    tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
+    events: list[str] = []
+    tracer = type("Tracer", (_Probe,), {"tool": "tracer", "events": events})
+    snapshots = type("Snapshots", (_Probe,), {"tool": "snapshots", "events": events})
+    register_recorder("tracer", tracer)
+    register_recorder("snapshots", snapshots, options="memory", outermost=True)  # as torch_memory is
+    memory = ins.MemorySnapshots(max_entries=7)
+    ins.configure(ins.ProfilerConfig(tool=tool, save_path=str(tmp_path), steps=(1,), memory=memory), role="a", rank=0)
+    with ins.profile_step(1), ins.profiled_stage("update_actor"):
+        pass
+    assert events == [
+        f"built snapshots with {memory}",  # ProfilerConfig.memory, the field its registration names
+        "built tracer with None",
+        "start snapshots",
+        "start tracer",
+        "stop tracer",
+        "stop snapshots",
+    ]
