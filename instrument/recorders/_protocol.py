@@ -70,9 +70,9 @@ class FastRanges(Protocol):
     themselves (the per-call fast path) instead of going through the session. Implement both methods to offer it.
 
     The session asks :meth:`fast_ranges` once per profiled step without stage metrics, then :meth:`fast_range`
-    once per stage name and step, after that stage's first call went through the session. In continuous mode
-    the range lies in the step's trace; in discrete mode it is the stage's own trace (the first call of the
-    stage closed its trace, and no scheduled stage is asked).
+    once per stage name and step, when that stage's first call went through the session. In continuous mode
+    the range lies in the step's trace; in discrete mode it stands for the stage's own trace (NVTX: a capture
+    range and a range), and is asked only of a stage that opened its trace and has no schedule.
     """
 
     def fast_ranges(self, *, discrete: bool) -> FastScope | None:

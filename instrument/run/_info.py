@@ -41,7 +41,7 @@ class RunInfo:
 
     @property
     def tool(self) -> str:
-        """The recorder: ``torch``, ``nvtx`` or ``none``."""
+        """The tool as configured: a recorder name (``torch``, ``nvtx``, ...), several joined by ``+``, or ``none``."""
         return str(self._session.config.tool)
 
     @property
