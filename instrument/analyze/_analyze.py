@@ -18,11 +18,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from instrument.analyze._model import MemoryFile, Report, Skipped, TraceFile, label_key
+from instrument.analyze._model import MemoryFile, Report, Skipped, TraceFile
 from instrument.analyze._ray import scan_on_ray
 from instrument.analyze.analyzers._fold import Filters, Fold
 from instrument.analyze.analyzers._snapshots import find_memory_files
-from instrument.analyze.analyzers._stats import across
+from instrument.analyze.analyzers._stats import compare
 from instrument.analyze.traces._discover import discover
 from instrument.analyze.traces._names import worker_label
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
@@ -34,17 +34,6 @@ PARALLEL_MIN_BYTES = 16 << 20
 
 
 # --------------------------------------------------------------------------- analysis
-
-
-def _ints(values: Iterable[int] | None, name: str) -> frozenset[int] | None:
-    if values is None:
-        return None
-    out = set()
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"'{name}' must hold non-negative ints: {value!r}")
-        out.add(value)
-    return frozenset(out)
 
 
 def _default_jobs() -> int:
@@ -154,16 +143,7 @@ def analyze(
     root = Path(path)
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a directory")
-    rank_filter = _ints(ranks, "ranks")
-    if rank_filter is None and not all_ranks:
-        rank_filter = frozenset({0})
-    if isinstance(stages, str):
-        stages = [stages]
-    filters = Filters(
-        ranks=rank_filter,
-        steps=_ints(steps, "steps"),
-        stages=None if stages is None else frozenset(label_key(s) for s in stages),
-    )
+    filters = Filters.of(ranks, steps, stages, all_ranks)
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"'jobs' must be an int >= 1: {jobs!r}")
 
@@ -186,8 +166,7 @@ def analyze(
             skipped.append(result)
         else:
             fold.add(trace, result)
-    stage_stats = [across(members) for members in fold.groups().values()]
-    stage_stats.sort(key=lambda s: (-(s.ratio or 0.0), -s.max_ms, s.step, s.role, s.stage))
+    stage_stats = compare(fold.groups(), fold.step_ms())
     skipped.sort(key=lambda s: s.path)
     return Report(
         directory=str(root),
@@ -200,6 +179,9 @@ def analyze(
         jobs=jobs,
         gpu=fold.gpu_rows(),
         memory=tuple(_memory_files(root, filters)),
+        gpu_kernels=fold.kernel_rows(),
+        gpu_idle=fold.idle_rows(),
+        notes=tuple(fold.notes),
     )
 
 

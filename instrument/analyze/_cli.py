@@ -1,9 +1,10 @@
 """``instrument analyze DIR``: the table, ``--json``, the PNG and ``--html``.
 
 Exit status: 0 every file was read, 1 some were skipped (one stderr line each), 2 bad arguments,
-an unreadable directory or an output that could not be written.  Names and labels come from a
-directory we do not trust: control characters are escaped (one line per skipped file, no terminal
-escapes) and text no encoding can print is backslash-escaped rather than raising.
+an unreadable directory or an output that could not be written. A file read whole because no stage or
+step could be recognised in it gets a note on stderr (the exit status stays 0).  Names and labels come
+from a directory we do not trust: control characters are escaped (one line per skipped file, no
+terminal escapes) and text no encoding can print is backslash-escaped rather than raising.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import os
 import shutil
 import stat
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 from typing import TextIO
 
 from instrument._terminal import Display, human_bytes, wanted
 from instrument.analyze._analyze import analyze
 from instrument.analyze._layout import export_layout
+from instrument.analyze._model import Skipped
 from instrument.analyze._ray import RayUnavailableError
 from instrument.analyze.render import render_text, write_html, write_png
 
@@ -222,6 +225,14 @@ def _wrong_arguments(args: argparse.Namespace, ray: str | bool | None) -> str | 
     return None
 
 
+def _tell_left_out(skipped: Iterable[Skipped], notes: Iterable[Skipped]) -> None:
+    """One stderr line per file skipped, then per file read whole for want of a stage or step."""
+    for item in skipped:
+        _say(f"instrument analyze: skipped {_printable(item.path)}: {_printable(item.reason)}", sys.stderr)
+    for note in notes:
+        _say(f"instrument analyze: note: {_printable(note.path)}: {_printable(note.reason)}", sys.stderr)
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``instrument analyze`` with parsed arguments; returns the exit status."""
     ray = getattr(args, "ray", None)
@@ -246,8 +257,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             reading.close()  # before any other line, so the display never mixes with them
     except (OSError, ValueError, RayUnavailableError) as exc:
         return _error(str(exc))
-    for skipped in report.skipped:
-        _say(f"instrument analyze: skipped {_printable(skipped.path)}: {_printable(skipped.reason)}", sys.stderr)
+    _tell_left_out(report.skipped, report.notes)
 
     png: Path | None = None
     target = Path(args.png) if args.png else Path(args.directory) / DEFAULT_PNG

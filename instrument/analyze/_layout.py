@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from instrument import naming
-from instrument.analyze._model import Skipped, TraceFile, label_key
+from instrument.analyze._model import Skipped, TraceFile
+from instrument.analyze.analyzers._fold import Filters
 from instrument.analyze.traces import _safe_io
 from instrument.analyze.traces._discover import discover
 from instrument.analyze.traces._reader import TraceError, read_header, with_rank_from_header
@@ -45,7 +46,6 @@ __all__ = ["LAYOUTS", "Export", "Exported", "export_layout"]
 LAYOUTS = ("hta", "tensorboard")
 """The layouts :func:`export_layout` writes."""
 
-_WHOLE = "trace"  # the stage of a file named in no known form: it holds every stage
 _HTA_RANK = re.compile(rb'"rank":\s+(\d+)')  # what HTA's rank-to-file map searches for, first match wins
 _TRACE_EVENTS = b'"traceEvents"'
 _HEAD_BYTES = 1 << 20  # the header (distributedInfo …) comes before traceEvents, well within this
@@ -103,22 +103,11 @@ def _folder_label(label: str) -> str:
 
 def folder_of(trace: TraceFile) -> str:
     """``{role}/{stage}/step{S}[_mb{a}[-{b}]]`` (``no-step`` when the name gives none)."""
-    leaf = f"step{trace.step}" if trace.step > 0 else "no-step"
+    leaf = "no-step" if trace.step is None else f"step{trace.step}"
     if trace.window is not None:
         first, last = trace.window
         leaf += f"_mb{first}" if first == last else f"_mb{first}-{last}"
     return "/".join((_folder_label(trace.role), _folder_label(trace.stage), leaf))
-
-
-def _keeps(
-    trace: TraceFile, ranks: frozenset[int] | None, steps: frozenset[int] | None, stages: frozenset[str] | None
-) -> bool:
-    if ranks is not None and (trace.rank is None or trace.rank not in ranks):
-        return False
-    if steps is not None and trace.step not in steps:
-        return False
-    # continuous and whole traces hold every stage: they stay whatever --stage says
-    return stages is None or trace.stage in (naming.CONTINUOUS_STAGE, _WHOLE) or label_key(trace.stage) in stages
 
 
 def _chosen(
@@ -127,11 +116,14 @@ def _chosen(
     steps: Iterable[int] | None,
     stages: Iterable[str] | None,
 ) -> tuple[list[TraceFile], list[Skipped]]:
-    """The traces to export (one per folder and rank, first by path), and the files left out."""
+    """The traces to export (one per folder and rank, first by path), and the files left out.
+
+    The filters keep exactly the files the analysis with the same filters reads: a file whose steps or
+    stages lie inside it (a continuous trace, a plain torch trace) stays whatever ``steps`` and
+    ``stages`` say, as the analysis reads it and keeps the steps and stages asked for.
+    """
+    filters = Filters.of(ranks, steps, stages)
     found, skipped = discover(directory)
-    wanted_ranks = None if ranks is None else frozenset(ranks)
-    wanted_steps = None if steps is None else frozenset(steps)
-    wanted_stages = None if stages is None else frozenset(label_key(s) for s in stages)
     taken: dict[tuple[str, str], str] = {}
     chosen: list[TraceFile] = []
     for trace in found:
@@ -148,7 +140,7 @@ def _chosen(
         elif trace.rank is None and trace.replica is None:
             skipped.append(Skipped(trace.path, "no rank: relocated as rank-unknown"))
             continue
-        if not _keeps(trace, wanted_ranks, wanted_steps, wanted_stages):
+        if not filters.keeps(trace):
             continue
         who = f"rank{trace.rank}" if trace.rank is not None else f"replica{trace.replica}"
         slot = (folder_of(trace), who)
@@ -264,7 +256,8 @@ def _with_rank(region: bytes, rank: int) -> bytes:
         return region[: match.start(1)] + str(rank).encode() + region[match.end(1) :]
     brace = region.find(b"{")
     if brace < 0 or region[:brace].strip():
-        raise TraceError("not a chrome trace (the JSON is not an object)")
+        # the array form has no header to hold distributedInfo
+        raise TraceError("no rank HTA can read: a trace in the array form has no distributedInfo")
     # A line of its own ahead of everything: HTA reads the first match line by line
     line = b'\n"distributedInfo": {"rank": %d},\n' % rank
     return region[: brace + 1] + line + region[brace + 1 :]
@@ -381,8 +374,9 @@ def export_layout(
 ) -> Export:
     """Write the ``layout`` (``"hta"`` or ``"tensorboard"``) of the traces in ``directory`` into ``out``.
 
-    ``out`` must be absent (it is created) or an empty folder, outside ``directory``.  Raises
-    ``ValueError`` for a bad layout or ``out``, ``OSError`` when ``directory`` cannot be listed.
+    ``out`` must be absent (it is created) or an empty folder, outside ``directory``.  ``ranks`` /
+    ``steps`` / ``stages`` keep the files :func:`~instrument.analyze.analyze` keeps with the same filters.
+    Raises ``ValueError`` for a bad layout, filter or ``out``, ``OSError`` when ``directory`` cannot be listed.
     Files that cannot be exported are returned in :attr:`Export.skipped`, the rest is still written.
     """
     if layout not in LAYOUTS:

@@ -55,7 +55,7 @@ class TraceFile:
     path: str
     role: str
     stage: str
-    step: int  # 0 when the name carries no step (plain engine traces)
+    step: int | None  # None when the name carries no step (plain engine traces); 0 is a step
     rank: int | None  # global rank; None for a frontend (see replica) or before the header is read
     world_size: int | None
     window: tuple[int, int] | None = None
@@ -73,7 +73,7 @@ class TraceFile:
         """A continuous-mode trace: one file per step holding every stage as a range."""
         return self.stage == naming.CONTINUOUS_STAGE
 
-    def key(self) -> tuple[int, str, str, str, int | str, tuple[int, int] | None]:
+    def key(self) -> tuple[int | None, str, str, str, int | str, tuple[int, int] | None]:
         """What two files must not share: step, role, stage, rank (or replica, or worker), window."""
         who: str
         number: int | str | None
@@ -122,7 +122,8 @@ class MemoryFile:
 class RankStats:
     """One rank's numbers for one stage of one step (summed over its files: windows of one stage)."""
 
-    step: int
+    step: int | None
+    """``None``: no step (a trace whose name and content give none)."""
     role: str
     stage: str
     rank: int | None
@@ -148,9 +149,10 @@ class RankStats:
     worker: str | None = None
     """For a file no one gives a rank: its name (torch's ``{worker}`` part)."""
     comm_ms: float = 0.0
-    """Time inside collectives (``c10d::``, ``gloo:``, ``nccl`` ops and kernels) within the stage."""
+    """Time the CPU side was blocked in collectives within the stage: the call (``c10d::…``) and its gloo
+    worker thread's range until the next op; never GPU kernels, which run beside the CPU's work."""
     work_ms: float | None = None
-    """What the rank is judged by: wall minus collectives, an engine's execution time; ``None``: the wall time."""
+    """What the rank is judged by: wall minus :attr:`comm_ms`, an engine's execution time; ``None``: the wall time."""
     iterations: int = 0
     """Engine iterations (execution ranges) of an engine trace."""
     tokens: int = 0
@@ -196,15 +198,16 @@ class RankStats:
 class StageStats:
     """One stage of one step across ranks."""
 
-    step: int
+    step: int | None
     role: str
     stage: str
     ranks: tuple[RankStats, ...]
     median_ms: float
     max_ms: float
     min_ms: float
-    straggler: str
-    """Label of the slowest rank (argmax of its work, see :attr:`judged_by`; the lowest rank on a tie)."""
+    straggler: str | None
+    """Label of the slowest rank (argmax of its work, see :attr:`judged_by`; the lowest rank on a tie);
+    ``None`` when the stage is below the floor (:attr:`below_floor`)."""
     straggler_rank: int | None
     ratio: float | None
     """max / median of the work; ``None`` when the median is 0."""
@@ -217,6 +220,11 @@ class StageStats:
     """``wall``: ranks compared by wall time; ``work``: by wall time minus time in collectives (a rank
     waiting in a barrier for a slow peer is not slow), or an engine's execution time, not its window."""
     median_work_ms: float = 0.0
+    lost_ms: float = 0.0
+    """Time lost to the straggler: its work over the median work, times the other ranks (each waits that
+    long at the next synchronisation); 0 when no straggler is named."""
+    below_floor: str | None = None
+    """Why no straggler is named (``under 2 ms``, ``under 1% of its step (…)``); ``None``: one is."""
 
     @property
     def windows(self) -> tuple[tuple[int, int], ...]:
@@ -239,6 +247,8 @@ class StageStats:
             "straggler_ratio": None if self.ratio is None else round(self.ratio, 4),
             "straggler_by": self.judged_by,
             "median_work_ms": _r(self.median_work_ms),
+            "lost_ms": _r(self.lost_ms),
+            "below_floor": self.below_floor,
             "median_minibatch_ms": _r(self.minibatch_ms),
             "median_cpu_ms": _r(self.cpu_ms),
             "median_kernel_ms": None if self.kernel_ms is None else _r(self.kernel_ms),
@@ -264,7 +274,7 @@ class Report:
 
     directory: str
     stages: tuple[StageStats, ...]
-    """Sorted by straggler ratio, worst first."""
+    """Sorted by the time lost to their straggler (:attr:`StageStats.lost_ms`), the most first."""
     skipped: tuple[Skipped, ...]
     files: int
     """Trace files read."""
@@ -277,6 +287,12 @@ class Report:
     """GPU time per rank: the whole trace (``step`` None), then each ``ProfilerStep`` (:mod:`.traces._gpu`)."""
     memory: tuple[MemoryFile, ...] = ()
     """CUDA memory snapshots and CPU memory timelines beside the traces (:mod:`.analyzers._snapshots`)."""
+    gpu_kernels: tuple[dict[str, Any], ...] = ()
+    """Per rank, whole trace: GPU time by kernel type, the top kernels, the launch delay (:mod:`.traces._kernels`)."""
+    gpu_idle: tuple[dict[str, Any], ...] = ()
+    """Per rank, whole trace: GPU idle time split into host wait, kernel wait and other (:mod:`.traces._kernels`)."""
+    notes: tuple[Skipped, ...] = ()
+    """Files read, but without a recognisable stage or step (each read as one range), and why."""
 
     @property
     def ok(self) -> bool:
@@ -285,8 +301,8 @@ class Report:
 
     @property
     def steps(self) -> tuple[int, ...]:
-        """Steps seen."""
-        return tuple(sorted({s.step for s in self.stages}))
+        """Steps seen (rows without a step are not counted)."""
+        return tuple(sorted({s.step for s in self.stages if s.step is not None}))
 
     @property
     def ranks(self) -> tuple[int, ...]:
@@ -315,6 +331,9 @@ class Report:
             "skipped": [{"path": s.path, "reason": s.reason} for s in self.skipped],
             "gpu": list(self.gpu),
             "memory": [m.to_dict() for m in self.memory],
+            "gpu_kernels": list(self.gpu_kernels),
+            "gpu_idle": list(self.gpu_idle),
+            "notes": [{"path": s.path, "reason": s.reason} for s in self.notes],
         }
 
     def to_json(self, indent: int | None = 2) -> str:

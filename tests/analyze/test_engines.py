@@ -186,7 +186,7 @@ def test_the_report_says_what_each_replica_did_and_knows_the_frontend(tmp_path: 
     busy = analyze(tmp_path / "busy", jobs=1)
     assert {(s.role, s.stage) for s in busy.stages} == {("rollout", "engine"), ("rollout", "frontend")}
     text = render_text(busy, width=200)
-    assert "rollout/engine step 0: rank 0 24 iterations, 48 tokens, 126.5 ms in a 246.6 ms window" in text
+    assert "rollout/engine step -: rank 0 24 iterations, 48 tokens, 126.5 ms in a 246.6 ms window" in text
     assert '"tokens": 48' in json.dumps(busy.to_dict())
     idle = render_text(analyze(tmp_path / "idle", jobs=1), width=200)
     assert "rank 0 idle (0 iterations in" in idle

@@ -36,11 +36,11 @@ def _write(path: Path, events: list[dict[str, Any]], **meta: Any) -> None:
         ),
         ("critic_update_critic_step2_rank1-of-2_pid7_1.json", ("critic", "update_critic", 2, 1, 2)),
         # HTA-style
-        ("rank-5.Nov_01_12_00_00.1234.pt.trace.json.gz", ("unknown", "trace", 0, 5, None)),
+        ("rank-5.Nov_01_12_00_00.1234.pt.trace.json.gz", ("unknown", "trace", None, 5, None)),
         # vLLM and SGLang workers
         ("step2_rank1.1764000000000000001.pt.trace.json.gz", ("rollout", "engine", 2, 1, None)),
-        ("dp0_pp0_tp1_dcp0_ep0_rank1.1764000000000000001.pt.trace.json.gz", ("rollout", "engine", 0, 1, None)),
-        ("1764000000.123-TP-3.trace.json.gz", ("rollout", "engine", 0, 3, None)),
+        ("dp0_pp0_tp1_dcp0_ep0_rank1.1764000000000000001.pt.trace.json.gz", ("rollout", "engine", None, 1, None)),
+        ("1764000000.123-TP-3.trace.json.gz", ("rollout", "engine", None, 3, None)),  # no step: None, not 0
     ],
 )
 def test_name_forms(name: str, fields: tuple[Any, ...]) -> None:

@@ -113,16 +113,17 @@ def _check_ratios(report: Report) -> int:
 
 
 def test_a_ratio_judged_by_work_shows_the_work_it_was_computed_from(real_gpu: Report) -> None:
-    # HTA's trace_filter, step 552 data_load: wall 3.83 / 3.85 ms on the two ranks, yet max/med 2.00:
-    # rank 1 spends its time waiting in a collective for rank 0, so the work figures must be on the row.
+    # HTA's trace_filter, step 552 data_load: wall 3.83 / 3.85 ms on the two ranks. The NCCL kernels running
+    # beside it on the GPU are no wait on the CPU (they once made it 2.00x), and a stage under 1% of its
+    # step names no straggler.
     row = next(
         dict(zip(tables.headers(real_gpu), r, strict=True))
         for r, s in zip(tables.table_rows(real_gpu), real_gpu.stages, strict=True)
         if s.step == 552 and "data_load" in s.stage
     )
-    assert (row["median ms"], row["max ms"], row["max/med"], row["slowest"]) == ("3.83", "3.85", "2.00", "0")
-    assert (row["work med ms"], row["work max ms"]) == ("1.90", "3.81")
-    assert _check_ratios(real_gpu) > 0
+    assert (row["median ms"], row["max ms"], row["max/med"], row["slowest"]) == ("3.83", "3.85", "1.01", "-")
+    assert (row["work med ms"], row["work max ms"], row["lost ms"]) == ("-", "-", "-")
+    assert _check_ratios(real_gpu) > 0  # the rows with NCCL calls on the CPU: judged by work, and checkable
 
 
 def test_every_ratio_can_be_checked_from_its_row(real_gpu: Report, one_host: Report, tmp_path: Path) -> None:
@@ -152,11 +153,10 @@ def test_the_heatmap_boxes_the_rank_the_table_names(real_gpu: Report) -> None:
     rows, _, columns, _ = picture._heatmap_rows(real_gpu, judged=True)
     boxed = {rows[round(p.get_y() + 0.5)]: columns[round(p.get_x() + 0.5)] for p in top.patches}
     by_row = {f"step {s.step}  {s.stage}": s for s in real_gpu.stages}
-    assert boxed  # the data_load rows at least
+    assert boxed  # step 551's data_load at least (7.59 / 11.3 ms)
     for label, rank in boxed.items():
         assert by_row[label].straggler == rank, label
-    # the wall-time heatmap would box rank 1 on step 552's data_load (3.85 vs 3.83 ms): not what the table says
-    assert boxed["step 552  ## data_load ##"] == "0"
+    assert "step 552  ## data_load ##" not in boxed  # under the floor: no straggler to box
 
 
 # --------------------------------------------------------------------------- the clock caveat

@@ -127,8 +127,11 @@ def test_a_trace_with_neither_steps_nor_annotations_is_one_whole_row(tmp_path: P
     report = analyze(tmp_path, jobs=1)
     assert report.ok
     [row] = report.stages
-    assert (row.step, row.stage, row.straggler, row.max_ms) == (0, "trace", "plain", 0.11)
+    assert (row.step, row.stage, row.ranks[0].label, row.max_ms) == (None, "trace", "plain", 0.11)  # no step: None
     assert row.ranks[0].basis == "span"
+    assert row.straggler is None  # 0.11 ms: under the floor
+    [note] = report.notes
+    assert note.reason.startswith("no ProfilerStep#N range and no user annotation (record_function): read as one")
 
 
 def test_gpu_annotations_on_a_stream_do_not_double_a_stage(tmp_path: Path) -> None:

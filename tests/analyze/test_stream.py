@@ -69,7 +69,6 @@ def test_empty_event_array_and_members_after_it(monkeypatch: pytest.MonkeyPatch)
         b'{"traceEvents": [{"ts": 1},]}',  # a trailing comma
         b'{"traceEvents": [{"name": "\xff"}]}',  # not UTF-8
         b'{"other": []}',
-        b"[]",
         b"",
         b'{"traceEvents": [{"ts": 1} {"ts": 2}]}',
         b'{"traceEvents" [1]}',

@@ -1,13 +1,17 @@
-"""Per-file segments summed per step x role x stage x rank (:class:`Fold`), and the filters applied to them."""
+"""Per-file segments summed per step x role x stage x rank (:class:`Fold`), and the filters applied to them
+(:class:`Filters`: the analysis and the ``--layout`` export choose files with the same one)."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from instrument.analyze._model import RankStats, TraceFile, label_key
+from instrument.analyze._model import RankStats, Skipped, TraceFile, label_key
 from instrument.analyze.analyzers._stats import US_PER_MS
 from instrument.analyze.traces._gpu import GpuTimes
+from instrument.analyze.traces._kernels import KernelTimes
 from instrument.analyze.traces._reader import FileScan, meta_label
 
 __all__ = ["Filters", "Fold"]
@@ -37,6 +41,17 @@ class _Cell:
     tokens: int = 0
 
 
+def _ints(values: Iterable[int] | None, name: str) -> frozenset[int] | None:
+    if values is None:
+        return None
+    out = set()
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"'{name}' must hold non-negative ints: {value!r}")
+        out.add(value)
+    return frozenset(out)
+
+
 @dataclass(frozen=True)
 class Filters:
     """What ``--ranks``, ``--steps`` and ``--stage`` keep (``None``: everything); stages as label keys."""
@@ -44,6 +59,29 @@ class Filters:
     ranks: frozenset[int] | None
     steps: frozenset[int] | None
     stages: frozenset[str] | None
+
+    @classmethod
+    def of(
+        cls,
+        ranks: Iterable[int] | None = None,
+        steps: Iterable[int] | None = None,
+        stages: Iterable[str] | str | None = None,
+        all_ranks: bool = True,
+    ) -> Filters:
+        """The filters of :func:`~instrument.analyze.analyze`'s arguments; ``ValueError`` for a bad one.
+
+        ``ranks=None`` keeps every rank unless ``all_ranks=False``, which keeps rank 0.
+        """
+        rank_filter = _ints(ranks, "ranks")
+        if rank_filter is None and not all_ranks:
+            rank_filter = frozenset({0})
+        if isinstance(stages, str):
+            stages = [stages]
+        return cls(
+            ranks=rank_filter,
+            steps=_ints(steps, "steps"),
+            stages=None if stages is None else frozenset(label_key(s) for s in stages),
+        )
 
     def keeps(self, trace: TraceFile) -> bool:
         """Whether ``trace`` is read at all (a file holding several steps or stages is filtered by segment)."""
@@ -59,7 +97,7 @@ class Filters:
         return self.stages is None or label_key(stage) in self.stages
 
 
-_CellKey = tuple[int, str, str, str, int | str]
+_CellKey = tuple[int | None, str, str, str, int | str]
 
 
 class Fold:
@@ -71,10 +109,18 @@ class Fold:
         self.names: dict[str, str] = {}  # label key -> the name as the user wrote it
         self.files = self.bytes = self.events = 0
         self.gpu: dict[tuple[int, int], tuple[int | None, int | None, GpuTimes]] = {}
+        self.kernels: dict[int, tuple[int | None, KernelTimes]] = {}
+        self.steps: dict[int, list[float]] = {}  # ProfilerStep#N -> its µs on each file that has it
+        self.notes: list[Skipped] = []
 
     def add(self, trace: TraceFile, scan: FileScan) -> None:
         """Add one file's segments and GPU rows to its cells."""
         self._add_gpu(trace, scan)
+        self.notes.extend(Skipped(trace.path, note) for note in scan.notes)
+        if trace.inside:  # elsewhere (the SDK's window traces) a ProfilerStep is a mini-batch, not a step
+            for step_number, wall_us in scan.steps:
+                if self.filters.steps is None or step_number in self.filters.steps:
+                    self.steps.setdefault(step_number, []).append(wall_us)
         self.files += 1
         self.bytes += scan.bytes
         self.events += scan.events
@@ -115,6 +161,13 @@ class Fold:
             cell.partial = cell.partial or trace.partial
 
     def _add_gpu(self, trace: TraceFile, scan: FileScan) -> None:
+        if scan.kernels is not None:
+            rank = -1 if trace.rank is None else trace.rank
+            held_kernels = self.kernels.get(rank)
+            if held_kernels is None:
+                self.kernels[rank] = (trace.rank, scan.kernels)
+            else:
+                held_kernels[1].add(scan.kernels)
         steps = self.filters.steps
         for row in scan.gpu:
             if row.step is not None and steps is not None and row.step not in steps:
@@ -132,9 +185,23 @@ class Fold:
         order = sorted(self.gpu, key=lambda k: (k[0] < 0, k))
         return tuple({"rank": self.gpu[k][0], "step": self.gpu[k][1], **self.gpu[k][2].to_dict()} for k in order)
 
-    def groups(self) -> dict[tuple[int, str, str], list[RankStats]]:
+    def kernel_rows(self) -> tuple[dict[str, Any], ...]:
+        """The ``gpu_kernels`` rows of the JSON, by rank (unknown last)."""
+        order = sorted(self.kernels, key=lambda k: (k < 0, k))
+        return tuple(self.kernels[k][1].kernels_row(self.kernels[k][0]) for k in order)
+
+    def idle_rows(self) -> tuple[dict[str, Any], ...]:
+        """The ``gpu_idle`` rows of the JSON, by rank (unknown last)."""
+        order = sorted(self.kernels, key=lambda k: (k < 0, k))
+        return tuple(self.kernels[k][1].idle_row(self.kernels[k][0]) for k in order)
+
+    def step_ms(self) -> dict[int, float]:
+        """Each ``ProfilerStep#N``'s time in ms, the median over the files that hold it."""
+        return {n: statistics.median(walls) / US_PER_MS for n, walls in self.steps.items()}
+
+    def groups(self) -> dict[tuple[int | None, str, str], list[RankStats]]:
         """The ranks of every step x role x stage."""
-        groups: dict[tuple[int, str, str], list[RankStats]] = {}
+        groups: dict[tuple[int | None, str, str], list[RankStats]] = {}
         names = self.names
         for (step, role_key, stage_key, _, _), cell in self.cells.items():
             groups.setdefault((step, role_key, stage_key), []).append(

@@ -1,27 +1,50 @@
-"""A stage across ranks (:func:`across`): its medians, its straggler and by what the ranks were judged.
+"""A stage across ranks (:func:`across`): its medians, its straggler and by what the ranks were judged;
+every stage of a report compared and put in order (:func:`compare`).
 
-:func:`across` names the straggler. Ranks are judged by work when a trace says what work is (time
-outside collectives; an engine's execution time), else by wall time: a rank waiting in a barrier for
-a slow peer has as long a wall time as the peer, so wall time would name a waiter.
+Ranks are judged by work when a trace says what work is (time outside CPU-side waits in collectives;
+an engine's execution time), else by wall time: a rank waiting in a barrier for a slow peer has as
+long a wall time as the peer, so wall time would name a waiter.
+
+A straggler is named only above a floor: a stage under :data:`STRAGGLER_MIN_MS` (timer noise and
+scheduling jitter are a good part of it) or under :data:`STRAGGLER_MIN_SHARE` of its step (whatever its
+ranks do, it costs the step little) names none. The stages are ordered by the time they lose: the
+straggler's excess over the median, times the ranks that waited for it (:attr:`StageStats.lost_ms`).
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
+from typing import Any
 
 from instrument.analyze._model import RankStats, StageStats
 
-__all__ = ["US_PER_MS", "across"]
+__all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_SHARE", "US_PER_MS", "across", "compare"]
 
 US_PER_MS = 1000.0
+STRAGGLER_MIN_MS = 2.0
+"""Median wall time under which a stage names no straggler (the step timeline's floor too)."""
+STRAGGLER_MIN_SHARE = 0.01
+"""Share of its step under which a stage names no straggler."""
 
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def across(members: list[RankStats]) -> StageStats:
-    """The ranks of one step x role x stage together (``members`` is sorted in place: by rank)."""
+def _below_floor(median_ms: float, step_ms: float | None) -> str | None:
+    if median_ms < STRAGGLER_MIN_MS:
+        return f"under {STRAGGLER_MIN_MS:g} ms"
+    if step_ms is not None and median_ms < STRAGGLER_MIN_SHARE * step_ms:
+        return f"under {100 * STRAGGLER_MIN_SHARE:g}% of its step ({step_ms:,.1f} ms)"
+    return None
+
+
+def across(members: list[RankStats], step_ms: float | None = None) -> StageStats:
+    """The ranks of one step x role x stage together (``members`` is sorted in place: by rank).
+
+    ``step_ms``: the step's time, for the floor; ``None``: only the absolute floor applies.
+    """
     members.sort(key=lambda r: (r.rank is None, r.rank if r.rank is not None else r.replica or 0, r.worker or ""))
     walls = [r.wall_ms for r in members]
     median = _median(walls)
@@ -32,6 +55,7 @@ def across(members: list[RankStats]) -> StageStats:
     slowest = max(members, key=lambda r: r.judged_ms)  # max keeps the first of equals: the lowest rank
     by_work = any(r.work_ms is not None for r in members)
     kernels = [r.kernel_ms for r in members if r.kernel_ms is not None]
+    floor = _below_floor(median, step_ms)
     first = members[0]
     return StageStats(
         step=first.step,
@@ -41,8 +65,8 @@ def across(members: list[RankStats]) -> StageStats:
         median_ms=median,
         max_ms=max(walls),
         min_ms=min(walls),
-        straggler=slowest.label,
-        straggler_rank=slowest.rank,
+        straggler=None if floor else slowest.label,
+        straggler_rank=None if floor else slowest.rank,
         ratio=slowest.judged_ms / median_work if median_work > 0 else None,
         minibatch_ms=_median([r.minibatch_ms for r in members]),
         cpu_ms=_median([r.cpu_ms for r in members]),
@@ -50,4 +74,31 @@ def across(members: list[RankStats]) -> StageStats:
         events=_median([float(r.events) for r in members]),
         judged_by="work" if by_work else "wall",
         median_work_ms=median_work,
+        # every other rank waits for the straggler at the next synchronisation: its excess, once per waiter
+        lost_ms=0.0 if floor else (slowest.judged_ms - median_work) * (len(members) - 1),
+        below_floor=floor,
     )
+
+
+def _order(stage: StageStats) -> tuple[float, float, int, str, str]:
+    step = -1 if stage.step is None else stage.step
+    return (-stage.lost_ms, -stage.median_ms, step, stage.role, stage.stage)
+
+
+def compare(groups: Mapping[Any, list[RankStats]], profiler_steps: Mapping[int, float]) -> list[StageStats]:
+    """Every step x role x stage of ``groups`` compared, the most time lost first.
+
+    ``profiler_steps``: a step's ``ProfilerStep#N`` time (ms, median over ranks) where the traces hold
+    one; a step without is as long as its stages' median wall times together.
+    """
+    sums: dict[int | None, float] = {}
+    for members in groups.values():
+        step = members[0].step
+        sums[step] = sums.get(step, 0.0) + _median([r.wall_ms for r in members])
+    out = []
+    for members in groups.values():
+        step = members[0].step
+        step_ms = profiler_steps.get(step) if step is not None else None
+        out.append(across(members, sums[step] if step_ms is None else step_ms))
+    out.sort(key=_order)
+    return out

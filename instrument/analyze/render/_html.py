@@ -26,6 +26,7 @@ from instrument.analyze.render._tables import (
     gpu_rows,
     headers,
     memory_rows,
+    shown_ratio,
     summary,
     table_rows,
 )
@@ -86,7 +87,7 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
     head = "".join(f"<th>{esc(h)}</th>" for h in columns)
     body = []
     for row, stage in zip(table_rows(report), report.stages, strict=True):
-        ratio = (stage.ratio or 0.0) if len(stage.ranks) > 1 else 0.0
+        ratio = shown_ratio(stage)
         css = ' class="bad"' if ratio >= BAD_RATIO else ' class="warn"' if ratio >= WARN_RATIO else ""
         cells = []
         for cell, header in zip(row, columns, strict=True):

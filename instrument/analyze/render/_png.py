@@ -49,6 +49,15 @@ def stage_colors(series: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str
     return colors
 
 
+def _in_order(stage: Any) -> tuple[int, str, str]:
+    """Rows by step (no step first), role and stage."""
+    return (-1 if stage.step is None else stage.step, stage.role, stage.stage)
+
+
+def _step_label(step: int | None) -> str:
+    return "step -" if step is None else f"step {step}"
+
+
 def _series_name(role: str, stage: str, roles: int) -> str:
     return stage if roles == 1 else f"{role}: {stage}"  # one role: naming it on every row says nothing
 
@@ -64,7 +73,7 @@ def _heatmap_rows(
             labels[(0, f"{r.rank:09d}") if r.rank is not None else (1, f"{r.replica or 0:09d}")] = r.label
     columns = [labels[k] for k in sorted(labels)]
     index = {label: i for i, label in enumerate(columns)}
-    ordered = sorted(report.stages, key=lambda s: (s.step, s.role, s.stage))
+    ordered = sorted(report.stages, key=_in_order)
     roles = len(report.roles)
     rows: list[str] = []
     keys: list[tuple[str, str]] = []
@@ -74,7 +83,7 @@ def _heatmap_rows(
             row = [math.nan] * len(columns)
             for r in stage.ranks:
                 row[index[r.label]] = r.judged_ms if judged else r.wall_ms
-            rows.append(f"step {stage.step}  {_series_name(stage.role, stage.stage, roles)}")
+            rows.append(f"{_step_label(stage.step)}  {_series_name(stage.role, stage.stage, roles)}")
             keys.append((stage.role, stage.stage))
             values.append(row)
         return rows, keys, columns, values
@@ -109,7 +118,10 @@ def _figure(report: Report) -> Any:
     if len(columns) == 1:
         _draw_one_rank(top, rows, [colors[k] for k in keys], columns[0], [row[0] for row in values])
     else:
-        _draw_heatmap(fig, top, rows, columns, values, judged)
+        # a row per stage: boxed only where the table names a straggler (none below the floor)
+        in_rows = sorted(report.stages, key=_in_order)
+        named = [s.straggler is not None for s in in_rows] if len(rows) == len(in_rows) else None
+        _draw_heatmap(fig, top, rows, columns, values, judged, named)
     _draw_breakdown(fig.add_subplot(grid[1]), report, colors)
     if gpu:
         _draw_gpu(fig.add_subplot(grid[2]), gpu)
@@ -138,9 +150,16 @@ def _draw_one_rank(ax: Any, rows: list[str], colors: list[str], column: str, val
 
 
 def _draw_heatmap(
-    fig: Any, ax: Any, rows: list[str], columns: list[str], values: list[list[float]], judged: bool = False
+    fig: Any,
+    ax: Any,
+    rows: list[str],
+    columns: list[str],
+    values: list[list[float]],
+    judged: bool = False,
+    named: list[bool] | None = None,
 ) -> None:
-    """(a) stage time per rank, coloured by time / median of the row's ranks; the straggler boxed."""
+    """(a) stage time per rank, coloured by time / median of the row's ranks; the straggler boxed (on the
+    rows ``named`` allows)."""
     from matplotlib.colors import TwoSlopeNorm
     from matplotlib.patches import Rectangle
 
@@ -165,7 +184,7 @@ def _draw_heatmap(
             if annotate and not math.isnan(value):
                 dark = not 0.2 <= norm(ratios[i][j]) <= 0.8  # the ends of the colour map are dark
                 ax.text(j, i, ms(value), ha="center", va="center", fontsize=7, color="white" if dark else "black")
-        if len(finite) > 1:
+        if len(finite) > 1 and (named is None or named[i]):
             slowest = row.index(max(finite))
             if ratios[i][slowest] >= 1.1:
                 ax.add_patch(Rectangle((slowest - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
@@ -178,8 +197,8 @@ def _draw_heatmap(
 
 def _draw_breakdown(ax: Any, report: Report, colors: dict[tuple[str, str], str]) -> None:
     """(b) per step, the stages' times stacked (each stage's slowest rank), each stage in its own colour."""
-    steps = sorted({s.step for s in report.stages})
-    series: dict[tuple[str, str], dict[int, float]] = {}
+    steps = sorted({s.step for s in report.stages}, key=lambda step: -1 if step is None else step)
+    series: dict[tuple[str, str], dict[int | None, float]] = {}
     for stage in report.stages:
         series.setdefault((stage.role, stage.stage), {})[stage.step] = stage.max_ms
     order = sorted(series, key=lambda k: (-sum(series[k].values()), k))
@@ -191,7 +210,7 @@ def _draw_breakdown(ax: Any, report: Report, colors: dict[tuple[str, str], str])
         name = _series_name(*key, roles)
         ax.bar(positions, heights, bottom=bottoms, label=name, color=colors[key], edgecolor="white", linewidth=0.5)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
-    ax.set_xticks(positions, [f"step {s}" if s else "step ?" for s in steps])
+    ax.set_xticks(positions, [_step_label(s) for s in steps])
     ax.set_ylabel("ms" if len(report.ranks) <= 1 else "ms (slowest rank of each stage)")
     ax.set_title("(b) per-step breakdown: stage wall time, stacked", fontsize=10)
     if order:

@@ -1,6 +1,6 @@
 """What the terminal table and the page show of a :class:`~instrument.analyze.Report`: the cells, as text.
 
-Three tables: the stages (one row per step x role x stage, worst straggler first: :func:`table_rows`),
+Three tables: the stages (one row per step x role x stage, the most time lost first: :func:`table_rows`),
 GPU time per rank when the traces hold GPU work (:func:`gpu_rows`) and the memory files beside the
 traces (:func:`memory_rows`); then the lines under them (:func:`summary`). Every ratio in the stage table
 can be checked from figures on its row: when ranks are judged by work, the work figures are shown.
@@ -16,6 +16,7 @@ from typing import Any
 
 from instrument import naming
 from instrument.analyze._model import MemoryFile, Report, StageStats
+from instrument.analyze.analyzers._stats import STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE
 from instrument.analyze.render._words import ms, pct, plural, size
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "headers",
     "hosts",
     "memory_rows",
+    "shown_ratio",
     "summary",
     "table_rows",
 ]
@@ -48,6 +50,7 @@ HEADERS = (
     "work max ms",
     "slowest",
     "max/med",
+    "lost ms",
     "mini-batch ms",
     "cpu op ms",
     "gpu ms",
@@ -97,6 +100,15 @@ def _by_work(stage: StageStats) -> bool:
     return stage.judged_by == "work" and len(stage.ranks) > 1
 
 
+def _named(stage: StageStats) -> bool:
+    return stage.straggler is not None and len(stage.ranks) > 1
+
+
+def shown_ratio(stage: StageStats) -> float:
+    """The ratio a row is marked by (:data:`WARN_RATIO`, :data:`BAD_RATIO`): 0 where no straggler is named."""
+    return (stage.ratio or 0.0) if _named(stage) else 0.0
+
+
 def _has_mini_batches(report: Report) -> bool:
     return any(r.mini_batches for s in report.stages for r in s.ranks)
 
@@ -109,11 +121,13 @@ def headers(report: Report) -> tuple[str, ...]:
         left_out.update(_WORK)
     if not _has_mini_batches(report):
         left_out.add("mini-batch ms")
+    if not any(_named(s) for s in report.stages):
+        left_out.add("lost ms")
     return tuple(h for h in HEADERS if h not in left_out)
 
 
 def table_rows(report: Report) -> list[tuple[str, ...]]:
-    """The stage table's cells as text, in the columns of :func:`headers`, worst straggler first.
+    """The stage table's cells as text, in the columns of :func:`headers`, the most time lost first.
 
     ``max/med`` is ``work max ms / work med ms`` on a row judged by work, else ``max ms / median ms``:
     the ratio can always be checked from its row.
@@ -124,7 +138,7 @@ def table_rows(report: Report) -> list[tuple[str, ...]]:
         compared = len(s.ranks) > 1  # one rank has no straggler: "-", not "0" and "1.00"
         by_work = _by_work(s)
         cells = {
-            "step": str(s.step) if s.step else "-",
+            "step": "-" if s.step is None else str(s.step),
             "role": s.role,
             "stage": s.stage + _windows(s),
             "ranks": str(len(s.ranks)),
@@ -132,8 +146,9 @@ def table_rows(report: Report) -> list[tuple[str, ...]]:
             "max ms": ms(s.max_ms),
             "work med ms": ms(s.median_work_ms) if by_work else "-",
             "work max ms": ms(max(r.judged_ms for r in s.ranks)) if by_work else "-",
-            "slowest": s.straggler if compared else "-",
+            "slowest": s.straggler if compared and s.straggler is not None else "-",
             "max/med": "-" if s.ratio is None or not compared else f"{s.ratio:.2f}",
+            "lost ms": ms(s.lost_ms) if _named(s) and s.lost_ms > 0 else "-",
             "mini-batch ms": ms(s.minibatch_ms if any(r.mini_batches for r in s.ranks) else None),
             "cpu op ms": ms(s.cpu_ms),
             "gpu ms": ms(s.kernel_ms),
@@ -194,7 +209,8 @@ def _engine_notes(report: Report) -> list[str]:
                 f"rank {r.label} {plural(r.iterations, 'iteration')}{tokens}, "
                 f"{r.judged_ms:,.1f} ms in a {r.wall_ms:,.1f} ms window"
             )
-        lines.append(f"{stage.role}/{stage.stage} step {stage.step}: " + "; ".join(parts))
+        step = "-" if stage.step is None else stage.step
+        lines.append(f"{stage.role}/{stage.stage} step {step}: " + "; ".join(parts))
     return lines
 
 
@@ -211,12 +227,17 @@ def summary(report: Report) -> tuple[str, list[str], list[str]]:
     if any(len(s.ranks) > 1 for s in report.stages):
         ratio = "work max / work med where shown, else max / median" if by_work else "max / median"
         legend.append(f"slowest: the straggler rank, max/med: its time over the median ({ratio});")
+        legend.append(
+            f"lost ms: the straggler's excess over the median times the ranks that waited for it (rows in this"
+            f" order); no straggler (-) for a stage under {STRAGGLER_MIN_MS:g} ms or under"
+            f" {100 * STRAGGLER_MIN_SHARE:g}% of its step;"
+        )
     if by_work:
         # a rank waiting in a barrier for a slow peer has as long a wall time as the peer: say how we judged
         legend.append(
-            "stragglers judged by work (work med / work max ms): time outside collectives (barrier, all_reduce), so"
-            " the rank the others wait for is named, not the waiters; engines by execution time, not by their"
-            " profiling window; -: judged by wall time;"
+            "stragglers judged by work (work med / work max ms): time outside CPU-side waits in collectives (barrier,"
+            " all_reduce), so the rank the others wait for is named, not the waiters; engines by execution time,"
+            " not by their profiling window; -: judged by wall time;"
         )
     medians = "mini-batch, cpu op, gpu ms" if _has_mini_batches(report) else "cpu op, gpu ms"
     legend.append(f"{medians} and events: medians across ranks; -: none in the traces.")

@@ -21,6 +21,7 @@ from instrument.analyze.render._tables import (
     gpu_rows,
     headers,
     memory_rows,
+    shown_ratio,
     summary,
     table_rows,
 )
@@ -55,7 +56,7 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
         whole = header in ("role", "stage") and longest[header] <= 32
         table.add_column(header, justify="left" if header in LEFT else "right", overflow="fold", no_wrap=whole)
     for row, stage in zip(rows, report.stages, strict=True):
-        ratio = stage.ratio or 0.0
+        ratio = shown_ratio(stage)
         style = "bold red" if ratio >= BAD_RATIO else "yellow" if ratio >= WARN_RATIO else None
         table.add_row(*(Text(cell) for cell in row), style=style)  # Text: "[mb2-3]" is no markup
     if not rows:

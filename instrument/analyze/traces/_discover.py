@@ -78,7 +78,7 @@ def discover(directory: str | os.PathLike[str]) -> tuple[list[TraceFile], list[S
                 path=str(entry),
                 role="unknown",
                 stage="trace",
-                step=0,
+                step=None,
                 rank=None,
                 world_size=None,
                 source="trace",

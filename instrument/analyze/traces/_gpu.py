@@ -18,8 +18,9 @@ The whole-trace row is HTA's with ``include_last_profiler_step=True``: with two 
 GPU events launched by the end of the last step (HTA's default also leaves out the last step, which
 has its own row here); with fewer, every GPU event.
 
-Events are fed one at a time (:meth:`GpuAccumulator.add`); memory is 25 bytes a GPU event and a
-dict entry per launch, so bounded by the file being read.
+Events are fed one at a time (:meth:`GpuAccumulator.add`); memory is 37 bytes a GPU event and a
+dict entry or two per launch, so bounded by the file being read. The kernels by name, the idle-time
+split and the launch delays are taken from the same events (:mod:`._kernels`).
 """
 
 from __future__ import annotations
@@ -30,14 +31,27 @@ from array import array
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GPU_CATS", "LAUNCH_CATS", "GpuAccumulator", "GpuRow", "GpuTimes", "is_profiler_step"]
+__all__ = [
+    "GPU_CATS",
+    "KINDS",
+    "LAUNCH_APIS",
+    "LAUNCH_CATS",
+    "GpuAccumulator",
+    "GpuRow",
+    "GpuTimes",
+    "is_profiler_step",
+]
 
 GPU_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 """Event categories that are work on the GPU."""
 LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 """Host events that launch GPU work; their ``args.correlation`` names the GPU event."""
+LAUNCH_APIS = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cudaMemcpyAsync", "cudaMemsetAsync"})
+"""The launches whose delay is measured, as HTA's ``get_cuda_kernel_launch_stats`` takes them (not graphs)."""
 
 _COMPUTE, _COMM, _MEMORY, _OTHER = 0, 1, 2, 3
+KINDS = ("compute", "communication", "memory", "other")
+"""The kinds' names, by their number."""
 # HTA's own three patterns (hta/utils/utils.py), matched at the start of the name like re.match.
 _COMM_NAME = re.compile(r"nccl.*Kernel")
 _MEMORY_NAME = re.compile(r"Memcpy|Memset|dma")
@@ -165,9 +179,13 @@ class GpuAccumulator:
         self.end = array("d")
         self.kinds = array("b")
         self.corr = array("q")  # the GPU event's correlation id, -1 without one
+        self.stream = array("q")  # its args.stream, -1 without one
+        self.name = array("l")  # its name, as an index into names
+        self.names: list[str] = []
         self.launches: dict[int, float] = {}  # correlation id -> launch start
+        self.launch_ends: dict[int, float] = {}  # correlation id -> launch end, for LAUNCH_APIS only
         self.steps: list[tuple[float, float, int]] = []  # start, end, N
-        self._kind_of: dict[tuple[str, str], int] = {}
+        self._kind_of: dict[tuple[str, str], tuple[int, int]] = {}  # (name, cat) -> kind, name index
 
     def add(self, ev: dict[str, Any], cat: str, ts: float, end: float) -> None:
         """One ``X`` event of category ``cat``; anything but GPU work, launches and steps is ignored."""
@@ -176,17 +194,24 @@ class GpuAccumulator:
                 return
             name = ev.get("name")
             key = (name if isinstance(name, str) else "", cat)
-            kind = self._kind_of.get(key)
-            if kind is None:
-                kind = self._kind_of[key] = _kind(*key)
+            known = self._kind_of.get(key)
+            if known is None:
+                known = self._kind_of[key] = (_kind(*key), len(self.names))
+                self.names.append(key[0])
+            args = ev.get("args")
+            stream = args.get("stream") if isinstance(args, dict) else None
             self.ts.append(ts)
             self.end.append(end)
-            self.kinds.append(kind)
+            self.kinds.append(known[0])
+            self.name.append(known[1])
             self.corr.append(_correlation(ev))
+            self.stream.append(_id(stream))
         elif cat in LAUNCH_CATS:
             corr = _correlation(ev)
-            if corr > 0:
-                self.launches.setdefault(corr, ts)
+            if corr > 0 and corr not in self.launches:
+                self.launches[corr] = ts
+                if ev.get("name") in LAUNCH_APIS:
+                    self.launch_ends[corr] = end
 
     def add_step(self, number: int, ts: float, end: float) -> None:
         """A ``ProfilerStep#number`` range."""
@@ -196,13 +221,13 @@ class GpuAccumulator:
         """No rows without GPU events; else the whole trace, then each step with GPU events."""
         if not self.ts:
             return []
-        rows = [GpuRow(None, _times(self.ts, self.end, self.kinds, self._whole()))]
+        rows = [GpuRow(None, _times(self.ts, self.end, self.kinds, self.whole()))]
         picks = self._per_step()
         for number in sorted(picks):
             rows.append(GpuRow(number, _times(self.ts, self.end, self.kinds, picks[number])))
         return rows
 
-    def _whole(self) -> list[int] | None:
+    def whole(self) -> list[int] | None:
         """Every GPU event, or with two steps or more (as HTA) those launched by the end of the last."""
         if len(self.steps) < 2:
             return None
@@ -229,7 +254,14 @@ class GpuAccumulator:
         return picks
 
 
+_INT64 = 1 << 63
+
+
+def _id(value: Any) -> int:
+    """An id field as the arrays hold it: -1 unless an int they can (a hostile file may write anything)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and -_INT64 <= value < _INT64 else -1
+
+
 def _correlation(ev: dict[str, Any]) -> int:
     args = ev.get("args")
-    corr = args.get("correlation") if isinstance(args, dict) else None
-    return corr if isinstance(corr, int) and not isinstance(corr, bool) else -1
+    return _id(args.get("correlation")) if isinstance(args, dict) else -1

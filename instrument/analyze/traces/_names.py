@@ -87,13 +87,13 @@ def from_name(path: Path) -> TraceFile | None:
     if match is not None:  # a frontend belongs to a replica, not a rank: named by its process
         step = _PREFIX_STEP.search(match["who"])
         return TraceFile(
-            str(path), "rollout", "frontend", int(step[1]) if step else 0, None, None, tool="vllm",
+            str(path), "rollout", "frontend", int(step[1]) if step else None, None, None, tool="vllm",
             source="engine", worker=f"frontend-pid{match['pid']}",
         )  # fmt: skip
     match = _HTA.match(name)
     if match is not None:
         rank = int(match["rank"])
-        return TraceFile(str(path), "unknown", WHOLE_TRACE, 0, rank, None, source="name", inside=True)
+        return TraceFile(str(path), "unknown", WHOLE_TRACE, None, rank, None, source="name", inside=True)
     return None
 
 
@@ -169,7 +169,7 @@ def _engine(path: Path) -> TraceFile | None:
         path=str(path),
         role="rollout",
         stage="engine",
-        step=int(step[1]) if step else 0,
+        step=int(step[1]) if step else None,
         rank=local,
         world_size=None,
         tool="sglang" if "-TP-" in name else "vllm",

@@ -1,6 +1,9 @@
 """Reading one trace file in a single streaming pass: its header (:func:`read_header`) and its numbers
 (:func:`scan_file`).
 
+Both forms of the Chrome trace format are read: an object with ``traceEvents`` (and a header before it),
+and a bare array of events, closed or not (:func:`closed_array`).
+
 Reading (:func:`scan_file`) streams ``traceEvents`` with ``ijson`` (its C backend) and keeps,
 per file, only what the numbers need: counters, the few stage and mini-batch ranges, and the
 start and end of every ``cpu_op`` event (16 bytes each, to take their union per thread). A
@@ -31,6 +34,7 @@ from typing import Any
 from instrument.analyze._model import TraceFile
 from instrument.analyze.traces import _safe_io, _stream
 from instrument.analyze.traces._gpu import GpuRow
+from instrument.analyze.traces._kernels import KernelTimes, kernel_times
 from instrument.analyze.traces._safe_io import GuardedReader, TraceError
 from instrument.analyze.traces._scanner import Scanner
 from instrument.analyze.traces._steps import Segment
@@ -40,6 +44,7 @@ __all__ = [
     "FileScan",
     "Segment",
     "TraceError",
+    "closed_array",
     "meta_label",
     "read_header",
     "scan_file",
@@ -85,23 +90,26 @@ def read_header(path: str) -> dict[str, Any]:
     """
     try:
         if not _have_ijson():
-            return _scan_whole(TraceFile(path, "unknown", "trace", 0, None, None), json.loads, 0).header
+            return _scan_whole(TraceFile(path, "unknown", "trace", None, None, None), json.loads, 0).header
         with _safe_io.open_json(path) as stream:
-            return _header(stream)
+            return _header(stream)[0]
     except TraceError:
         raise
     except Exception as exc:
         raise TraceError(_reason(exc)) from exc
 
 
-def _header(stream: GuardedReader) -> dict[str, Any]:
+def _header(stream: GuardedReader) -> tuple[dict[str, Any], bool]:
+    """The header, and whether the file is the array form (which has none)."""
     import ijson  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
     header: dict[str, Any] = {}
     events = ijson.parse(stream, buf_size=1 << 16)
     first = next(iter(events), None)
+    if first is not None and first[1] == "start_array":
+        return header, True
     if first is None or first[1] != "start_map":
-        raise TraceError("not a chrome trace (the JSON is not an object)")
+        raise TraceError("not a chrome trace (the JSON is neither an object nor an array)")
     builder: Any = None
     current, began = "", 0
     for prefix, event, value in events:
@@ -114,7 +122,7 @@ def _header(stream: GuardedReader) -> dict[str, Any]:
             current = value
             if value == "traceEvents":
                 header["traceEvents"] = True
-                return header
+                return header, False
             if value in _HEADER_KEYS:
                 builder, began = ijson.ObjectBuilder(), stream.guard.total
         elif builder is not None:
@@ -137,6 +145,12 @@ class FileScan:
     bytes: int
     gpu: list[GpuRow] = field(default_factory=list)
     """GPU time of the whole file and of each ``ProfilerStep`` (:mod:`._gpu`); empty without GPU events."""
+    kernels: KernelTimes | None = None
+    """The whole file's GPU events by name, idle split and launch delays (:mod:`._kernels`)."""
+    steps: list[tuple[int, float]] = field(default_factory=list)
+    """Each ``ProfilerStep#N`` range: ``(N, µs)``."""
+    notes: list[str] = field(default_factory=list)
+    """Why the file was read as one range (no recognisable stage or step), if it was."""
 
 
 @contextlib.contextmanager
@@ -151,10 +165,42 @@ def _gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _events_ijson(stream: GuardedReader) -> Iterator[Any]:
+class _Closed:
+    """A bare array's bytes with what a writer may leave off appended at the end: the closing ``]``, after
+    a trailing comma an empty event (``{}``, which holds nothing to read) before it."""
+
+    def __init__(self, stream: GuardedReader) -> None:
+        self.stream = stream
+        self.last = b""
+        self.done = False
+
+    def read(self, size: int = -1) -> bytes:
+        if self.done:
+            return b""
+        data = self.stream.read(size)
+        if data:
+            tail = data.rstrip()
+            self.last = tail[-1:] or self.last
+            return data
+        self.done = True
+        return b"" if self.last == b"]" else b"{}]" if self.last == b"," else b"]"
+
+
+def closed_array(text: bytes) -> bytes:
+    """A bare array's whole text closed as the Chrome trace format allows: a trailing comma dropped and
+    the ``]`` added when missing (as its viewer does)."""
+    text = text.rstrip()
+    if text.endswith(b","):
+        text = text[:-1].rstrip()
+    return text if text.endswith(b"]") else text + b"]"
+
+
+def _events_ijson(stream: GuardedReader, array: bool) -> Iterator[Any]:
     import ijson  # type: ignore[import-untyped,import-not-found,unused-ignore]
 
-    events: Iterator[Any] = ijson.items(stream, "traceEvents.item", use_float=True, buf_size=_READ_CHUNK)
+    source: Any = _Closed(stream) if array else stream
+    prefix = "item" if array else "traceEvents.item"
+    events: Iterator[Any] = ijson.items(source, prefix, use_float=True, buf_size=_READ_CHUNK)
     return events
 
 
@@ -186,7 +232,7 @@ def scan_file(trace: TraceFile, wanted: frozenset[str] | None = None) -> FileSca
         if not _have_ijson():  # the analyze extra brings it; without it, decode whole (memory ~10x the file)
             return _scan_whole(trace, loads or json.loads, size, wanted=wanted)
         with _safe_io.open_json(trace.path) as stream:
-            header = _header(stream)
+            header, array = _header(stream)
         scanner = _scanner(trace, header, wanted)
         try:  # the standard library's scanner: the same events, ~1.5x faster than ijson's
             with _safe_io.open_json(trace.path) as stream, _gc_paused():
@@ -194,8 +240,8 @@ def scan_file(trace: TraceFile, wanted: frozenset[str] | None = None) -> FileSca
         except _stream.UnfollowedError:  # text it does not follow: ijson decides, and words any error
             scanner = _scanner(trace, header, wanted)
             with _safe_io.open_json(trace.path) as stream, _gc_paused():
-                scanner.feed(_events_ijson(stream))
-        return FileScan(scanner.finish(), header, scanner.events, size, scanner.gpu.rows())
+                scanner.feed(_events_ijson(stream, array))
+        return _scanned(scanner, header, size)
     except TraceError:
         raise
     except Exception as exc:
@@ -211,18 +257,35 @@ def _scan_whole(
     # The collector stays off while the decoded document lives: with millions of objects alive,
     # every full collection would walk them all.
     with _gc_paused():
-        data = loads(text)
+        try:
+            data = loads(text)
+        except ValueError:
+            if not text.lstrip()[:1] == b"[":
+                raise
+            data = loads(closed_array(text))  # an array the writer did not close
         del text
-        if not isinstance(data, dict):
-            raise TraceError("not a chrome trace (the JSON is not an object)")
-        events = data.get("traceEvents")
-        if not isinstance(events, list):
-            raise TraceError("not a chrome trace (no traceEvents)")
-        header = {k: data[k] for k in _HEADER_KEYS if k in data}
+        header: dict[str, Any] = {}
+        if isinstance(data, list):
+            events = data
+        elif isinstance(data, dict):
+            listed = data.get("traceEvents")
+            if not isinstance(listed, list):
+                raise TraceError("not a chrome trace (no traceEvents)")
+            events = listed
+            header = {k: data[k] for k in _HEADER_KEYS if k in data}
+        else:
+            raise TraceError("not a chrome trace (the JSON is neither an object nor an array)")
         scanner = _scanner(trace, header, wanted)
         scanner.feed(e for e in events if isinstance(e, dict))
         del data, events
-    return FileScan(scanner.finish(), header, scanner.events, size, scanner.gpu.rows())
+    return _scanned(scanner, header, size)
+
+
+def _scanned(scanner: Scanner, header: dict[str, Any], size: int) -> FileScan:
+    segments = scanner.finish()
+    steps = [(number, end - start) for number, start, end in scanner.steps]
+    gpu = scanner.gpu
+    return FileScan(segments, header, scanner.events, size, gpu.rows(), kernel_times(gpu), steps, scanner.notes)
 
 
 def _scanner(trace: TraceFile, header: dict[str, Any], wanted: frozenset[str] | None) -> Scanner:

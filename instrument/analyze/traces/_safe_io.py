@@ -81,6 +81,7 @@ MAX_BYTES_ENV = "INSTRUMENT_ANALYZE_MAX_BYTES"
 _GZIP_MAGIC = b"\x1f\x8b"
 _SLICE = 1 << 20  # the guard looks at most this much at once, so a string inside one look stays small
 _EVENT_LEVEL = 2  # the top-level object is level 1, traceEvents level 2: its items are the events
+_ARRAY_EVENT_LEVEL = 1  # the array form: the top-level array is level 1, its items are the events
 _KINDS = (
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
@@ -271,6 +272,7 @@ class JsonGuard:
         self._escaped = False  # in a string, and the piece ended with an unpaired backslash
         self._token = 0  # bytes of the string or bare token still open at the end of the last piece
         self._event = 0  # bytes since the text was last at most _EVENT_LEVEL deep (within a piece)
+        self._level = 0  # _EVENT_LEVEL, or _ARRAY_EVENT_LEVEL for the array form; 0 until the first byte
 
     def feed(self, data: bytes) -> None:
         """Look at the next decoded bytes."""
@@ -292,6 +294,8 @@ class JsonGuard:
             data, self._escaped = data[1:], False
         if not data:
             return
+        if not self._level and data.strip():
+            self._level = _ARRAY_EVENT_LEVEL if data.lstrip()[:1] == b"[" else _EVENT_LEVEL
         # Escapes first, as a parser meets them from the left: `\\` pairs, then `\"`; what is left of
         # the strings are plain quotes. Strings become the text between quotes 2k and 2k+1, and the
         # text is cut down to quotes and brackets (in C: translate, replace).
@@ -342,7 +346,7 @@ class JsonGuard:
         closes = reduced.count(b"]")
         # The residual closes reach the lowest level of the piece: at or under _EVENT_LEVEL, an event
         # (an item of traceEvents) ended here; otherwise the one open goes on.
-        self._event = 0 if self.depth - closes <= _EVENT_LEVEL else self._event + size
+        self._event = 0 if self.depth - closes <= (self._level or _EVENT_LEVEL) else self._event + size
         if self._event > self.max_event:
             raise OverLimitError(f"over the event limit: one event larger than {self.max_event:,} bytes")
         after = max(self.depth - closes, 0) + len(reduced) - closes

@@ -3,6 +3,11 @@
 Per file it keeps counters, the few stage, step, mini-batch, collective and execution ranges, and the
 start and end of every ``cpu_op`` event (16 bytes each, to take their union per thread); where stages
 are ranges inside the file, also the start of every event and kernel. Memory follows the file read.
+Time blocked in collectives is the CPU side's only (:func:`~._steps.blocked`), never GPU kernels'.
+
+Duration events are complete events (``ph: X``) and ``B`` / ``E`` pairs, matched per thread (an ``E``
+closes the latest open ``B`` of its thread) into one range; instant, counter, flow and metadata events
+are passed over. A file in which no stage or step is recognised says why in :attr:`Scanner.notes`.
 """
 
 from __future__ import annotations
@@ -19,10 +24,12 @@ from instrument.analyze.traces._gpu import GpuAccumulator, is_profiler_step
 from instrument.analyze.traces._steps import (
     COLLECTIVE,
     EXECUTE,
+    Collective,
     Marker,
     Picked,
     Ranges,
     Segment,
+    blocked,
     length,
     overlap,
     pick_stages,
@@ -31,6 +38,7 @@ from instrument.analyze.traces._steps import (
 )
 
 __all__ = ["Scanner"]
+
 
 _HOST_CATS = frozenset({"cpu_op", "user_annotation"})  # where the SDK's stage and mini-batch ranges live
 _MINI_BATCH = re.compile(r"mini_batch(\d+)\Z")
@@ -67,7 +75,7 @@ class Scanner:
         self.markers: list[Marker] = []
         self.mini: list[tuple[float, float]] = []
         self.steps: list[tuple[int, float, float]] = []  # ProfilerStep#N: (N, start, end)
-        self.comm: list[tuple[float, float]] = []  # inside collectives, every thread and stream
+        self.comm: list[Collective] = []  # host collective ranges: calls and gloo's worker-thread ranges
         self.execs: list[tuple[float, float, int]] = []  # an engine's execution ranges: start, end, tokens (-1: unsaid)
         self.exec_tokens: dict[str, int] = {}  # tokens by range name (vLLM repeats a few names many times)
         self.kernel_us = 0.0
@@ -80,6 +88,9 @@ class Scanner:
         self.kernel_ts = array("d")
         self.kernel_dur = array("d")
         self.gpu = GpuAccumulator()
+        self.open: dict[tuple[Any, Any], list[dict[str, Any]]] = {}  # B events not closed yet, per thread
+        self.categories = 0  # duration events with a category
+        self.notes: list[str] = []
 
     def _kind(self, name: str) -> int:
         """0: an ordinary event, 1: a mini-batch range, 2: a stage range (or, found inside, a candidate),
@@ -111,9 +122,15 @@ class Scanner:
         count = 0
         first, last = self.first, self.last
         kernel_us, kernels = self.kernel_us, self.kernels
+        categories = self.categories
         for ev in events:
-            if ev.get("ph") != "X":
-                continue
+            ph = ev.get("ph")
+            if ph != "X":
+                if ph not in ("B", "E"):
+                    continue
+                ev = self._paired(ev, ph)  # noqa: PLW2901 - an E closing a B stands for the whole range
+                if ev is None:
+                    continue
             count += 1
             ts = ev.get("ts")
             if ts is None:
@@ -126,6 +143,8 @@ class Scanner:
             if placed:
                 event_ts.append(ts)
             cat = ev.get("cat")
+            if cat is not None:
+                categories += 1
             if cat in _HOST_CATS:
                 name = ev.get("name")
                 kind = kinds.get(name)
@@ -141,7 +160,7 @@ class Scanner:
                     self.gpu.add_step(is_profiler_step(str(name)) or 0, ts, end)
                     self.steps.append((is_profiler_step(str(name)) or 0, ts, end))
                 elif kind == 4:
-                    self.comm.append((ts, end))
+                    self.comm.append((ts, end, ev.get("pid"), ev.get("tid"), str(name)))
                 elif kind == 5:
                     self._execution(str(name), ts, end)
                 if cat == "cpu_op":
@@ -157,8 +176,6 @@ class Scanner:
                 if placed:
                     self.kernel_ts.append(ts)
                     self.kernel_dur.append(end - ts)
-                if str(ev.get("name")).startswith("nccl"):
-                    self.comm.append((ts, end))
                 self.gpu.add(ev, cat, ts, end)
             elif cat == "gpu_user_annotation" and inside:
                 name = ev.get("name")
@@ -174,11 +191,34 @@ class Scanner:
                 if kind == 5:
                     self._execution(str(name), ts, end)
         self.events += count
+        self.categories = categories
         self.first, self.last = first, last
         self.kernel_us, self.kernels = kernel_us, kernels
 
+    def _paired(self, ev: dict[str, Any], ph: str) -> dict[str, Any] | None:
+        """For an ``E``, the range it closes as a complete event (its ``args`` added); ``None`` otherwise."""
+        key = (ev.get("pid"), ev.get("tid"))
+        if ph == "B":
+            self.open.setdefault(key, []).append(ev)
+            return None
+        stack = self.open.get(key)
+        if not stack:
+            return None  # an end without a beginning: nothing to measure
+        begin = stack.pop()
+        start, stop = begin.get("ts"), ev.get("ts")
+        if not isinstance(start, int | float) or not isinstance(stop, int | float) or stop < start:
+            return None
+        done = {**begin, "ph": "X", "dur": stop - start}
+        args, more = begin.get("args"), ev.get("args")
+        if isinstance(more, dict) and more:
+            done["args"] = {**args, **more} if isinstance(args, dict) else more
+        return done
+
     def finish(self) -> list[Segment]:
         """The file's segments: one per stage (and step) it holds, with their numbers."""
+        if not self.events:
+            self.notes.append("no duration events (complete X events or B/E pairs): nothing to measure")
+            return []
         if self.continuous or self.inside:
             picked, rest = pick_stages(self.markers, self.steps if self.inside else [], self.wanted, label_key)
             for _, start, end, pid, tid, cat in rest:  # the user's own ranges inside a stage: ordinary again
@@ -189,10 +229,21 @@ class Scanner:
                 # no annotation: each ProfilerStep whole, or (neither) the whole trace as one row
                 picked = [Picked(n, self.stage, [lo], [hi]) for n, lo, hi in sorted(self.steps)]
                 if not picked:
+                    if self.wanted is None:
+                        self._note("no ProfilerStep#N range and no user annotation (record_function)")
                     return [self._discrete()]
                 return self._measure(picked, basis="step")
+            if not picked and self.wanted is None:
+                self.notes.append("no stage range (a label-like cpu_op or user_annotation) in a continuous trace")
             return self._measure(picked, basis="stage")
-        return [self._discrete()]
+        segment = self._discrete()
+        if segment.basis == "span" and not self.engine:
+            self._note(f"no range named {self.stage!r} (the stage) and no mini_batch ranges")
+        return [segment]
+
+    def _note(self, missing: str) -> None:
+        why = "its events have no category (cat)" if not self.categories else missing
+        self.notes.append(f"{why}: read as one range, first event to last")
 
     def _discrete(self) -> Segment:
         stage_ranges = Ranges()
@@ -209,7 +260,7 @@ class Scanner:
         for ranges in self.cpu.values():
             cpu_us += length(*ranges.merged())
         wall = length(starts, ends)
-        comm = union(self.comm)
+        comm = blocked(self.comm, self.cpu)
         comm_us = sum(overlap(*comm, lo, hi) for lo, hi in zip(starts, ends, strict=True))
         work_us: float | None = wall - comm_us if comm_us else None
         iterations = tokens = 0
@@ -268,7 +319,7 @@ class Scanner:
 
     def _measure(self, picked: list[Picked], basis: str) -> list[Segment]:
         cpu_merged = [ranges.merged() for ranges in self.cpu.values()]
-        comm = union(self.comm)
+        comm = blocked(self.comm, self.cpu)
         event_ts = sorted(self.event_ts)
         kernel_order = sorted(range(len(self.kernel_ts)), key=self.kernel_ts.__getitem__)
         kernel_ts = [self.kernel_ts[i] for i in kernel_order]

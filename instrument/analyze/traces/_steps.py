@@ -10,9 +10,10 @@ stage. :func:`pick_stages` turns them into (step, stage) ranges:
   detail, not a stage), each given to the step its start falls in. ``--stage NAME`` picks the names
   instead (wherever they nest).
 
-:func:`measure` then gives each (step, stage) its numbers, with the time spent inside collectives
-(``c10d::`` / ``gloo:`` / ``nccl`` events, ``record_param_comms``, NCCL kernels) taken apart: a rank
-that waits in a barrier for a slow peer is not slow itself, its *work* is the time outside them.
+The scanner then gives each (step, stage) its numbers, with the time its CPU side was blocked in a
+collective taken apart (:func:`blocked`): a rank that waits in a barrier for a slow peer is not slow
+itself, its *work* is the time outside that wait. GPU communication kernels are never taken apart:
+NCCL runs them asynchronously beside CPU work, so they say nothing about the rank waiting.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "Picked",
     "Ranges",
     "Segment",
+    "blocked",
     "length",
     "overlap",
     "pick_stages",
@@ -41,7 +43,8 @@ __all__ = [
 ]
 
 COLLECTIVE = re.compile(r"c10d::|nccl|gloo:|mpi:|ucc:|record_param_comms")
-"""Event names (matched at the start) of time spent inside a collective: host ops and NCCL kernels."""
+"""Host event names (matched at the start) of a collective: the call (``c10d::allreduce_``, its
+``record_param_comms`` and ``nccl:all_reduce`` inside) and gloo's worker-thread range (``gloo:all_reduce``)."""
 EXECUTE = re.compile(
     r"execute_(?:\d+_)?context_\d+\(|(?:.*\): )?(?:execute_model|run_batch|forward_batch_generation)\Z"
 )
@@ -65,6 +68,8 @@ def step_tokens(name: str) -> int | None:
 
 Marker = tuple[str, float, float, Any, Any, str]
 """A candidate stage range: name, start, end, pid, tid, category."""
+Collective = tuple[float, float, Any, Any, str]
+"""A host collective range: start, end, pid, tid, name."""
 
 
 @dataclass
@@ -83,9 +88,9 @@ class Segment:
     step: int | None = None
     """The ``ProfilerStep`` the stage lies in; ``None``: the file's own step."""
     comm_us: float = 0.0
-    """Time inside collectives within the stage (waiting for peers, or moving data)."""
+    """Time the CPU side was blocked in collectives within the stage (:func:`blocked`)."""
     work_us: float | None = None
-    """What the rank is judged by: wall minus collectives; an engine's execution time. ``None``: wall."""
+    """What the rank is judged by: wall minus :attr:`comm_us`; an engine's execution time. ``None``: wall."""
     iterations: int = 0
     """Engine iterations (execution ranges) in an engine trace; a vLLM step that scheduled no token is none."""
     tokens: int = 0
@@ -212,3 +217,59 @@ def pick_stages(
     picked = [Picked(step, name, *ranges.merged()) for (step, name), ranges in by_stage.items()]
     rest = [m for m in markers if id(m) not in taken]
     return picked, rest
+
+
+def blocked(collectives: list[Collective], ops: dict[tuple[Any, Any], Ranges]) -> tuple[list[float], list[float]]:
+    """When the CPU side was blocked in a collective, as disjoint sorted intervals.
+
+    ``ops``: each thread's ``cpu_op`` ranges. A collective on a thread with no ``cpu_op`` is a worker
+    thread's range (gloo runs the collective there: ``gloo:all_reduce``); any other is a call. Each
+    call, outermost per thread, is blocked from its start until the next op of its thread starts, but
+    no longer than the later of its own end and the end of its worker range: the first worker range
+    not taken yet that starts at or after the call (gloo's workers take the calls in order). So a wait
+    that goes on on the worker thread after the call returned is waiting, however late the worker
+    started, and an asynchronous call followed by more work blocks only as long as the call itself.
+    NCCL calls (``nccl:`` inside) take no worker range: their GPU kernels run beside the CPU's work.
+    """
+    calls: dict[tuple[Any, Any], list[tuple[float, float]]] = {}
+    nccl: dict[tuple[Any, Any], list[tuple[float, float]]] = {}
+    workers: list[float] = []
+    worker_ends: list[float] = []
+    for start, end, pid, tid, name in collectives:
+        key = (pid, tid)
+        if key not in ops:
+            workers.append(start)
+            worker_ends.append(end)
+        else:
+            calls.setdefault(key, []).append((start, end))
+            if name.startswith("nccl"):
+                nccl.setdefault(key, []).append((start, end))
+    order = sorted(range(len(workers)), key=workers.__getitem__)
+    worker_starts = [workers[i] for i in order]
+    worker_ends = [worker_ends[i] for i in order]
+    outermost: list[tuple[float, float, tuple[Any, Any], bool]] = []
+    for key, pairs in calls.items():
+        nccl_starts = sorted(start for start, _ in nccl.get(key, ()))
+        for start, end in zip(*union(pairs), strict=True):
+            inner = bisect.bisect_left(nccl_starts, start)
+            outermost.append((start, end, key, inner < len(nccl_starts) and nccl_starts[inner] <= end))
+    outermost.sort()
+    op_starts: dict[tuple[Any, Any], list[float]] = {}
+    taken = 0  # gloo's queue is first in, first out: workers[taken:] are not matched yet
+    spans: list[tuple[float, float]] = []
+    for start, end, key, is_nccl in outermost:
+        reach = end
+        if not is_nccl:
+            taken = bisect.bisect_left(worker_starts, start, lo=taken)
+            if taken < len(worker_starts):
+                reach = max(end, worker_ends[taken])
+                taken += 1
+        if reach > end:
+            starts = op_starts.get(key)
+            if starts is None:
+                starts = op_starts[key] = sorted(ops[key].starts)
+            after = bisect.bisect_left(starts, end)
+            if after < len(starts):
+                reach = max(end, min(reach, starts[after]))
+        spans.append((start, reach))
+    return union(spans)

@@ -5,11 +5,13 @@ about 1.5x faster, and that decoding is nearly all the time ``instrument analyze
 scanner runs event by event over text read a piece at a time, so memory stays bounded by a piece
 and the largest event, as with ``ijson``.
 
-Only the common form is followed: one object whose ``traceEvents`` member (once) is an array, the
-other members read and dropped. Anything else (invalid JSON or text, ``NaN``, a second
-``traceEvents``, a member or event larger than :data:`MAX_PENDING`) raises :class:`UnfollowedError`
-and the caller reads the file again with ``ijson``, which decides and words the error as before.
-What the stream raises itself (the guard's limits, I/O and gzip errors) passes through.
+Both forms of the Chrome trace format are followed: one object whose ``traceEvents`` member (once) is
+an array, the other members read and dropped; or the events as a bare array, whose closing ``]`` may
+be missing (after a trailing comma too), as the format allows a writer that stopped abruptly.
+Anything else (invalid JSON or text, ``NaN``, a second ``traceEvents``, a member or event larger
+than :data:`MAX_PENDING`) raises :class:`UnfollowedError` and the caller reads the file again with
+``ijson``, which decides and words the error as before. What the stream raises itself (the guard's
+limits, I/O and gzip errors) passes through.
 
 Standard library only.
 """
@@ -101,10 +103,15 @@ class _Text:
 
 
 def events(stream: _Readable) -> Iterator[Any]:
-    """Each item of the top-level ``traceEvents`` array, in order; :class:`UnfollowedError` where not followed."""
+    """Each item of the top-level ``traceEvents`` array (or of the top-level array), in order;
+    :class:`UnfollowedError` where not followed."""
     make: Any = json.scanner.make_scanner  # the C scanner: scan(text, at) -> (value, end)
     scan = make(json.JSONDecoder(parse_constant=_refuse_constant))
     text = _Text(stream)
+    if text.char() == "[":
+        yield from _array(text, scan, open_end=True)
+        _only_space(text)
+        return
     text.expect("{")
     seen = False
     if text.char() == "}":
@@ -129,7 +136,11 @@ def events(stream: _Readable) -> Iterator[Any]:
             raise UnfollowedError("expected ',' or '}'")
     if not seen:
         raise UnfollowedError("no traceEvents")
-    while not _DONE.match(text.text, text.at):  # only white space may follow the object
+    _only_space(text)
+
+
+def _only_space(text: _Text) -> None:
+    while not _DONE.match(text.text, text.at):  # only white space may follow the object or array
         if text.eof:
             raise UnfollowedError("text after the object")
         text.more()
@@ -162,9 +173,11 @@ def _cut(value: Any, text: _Text, end: int) -> bool:
     return end == len(text.text) or text.text[end] in _NUMBER
 
 
-def _array(text: _Text, scan: Any) -> Iterator[Any]:
+def _array(text: _Text, scan: Any, open_end: bool = False) -> Iterator[Any]:
+    """The array's items; ``open_end``: the text may end where the next item or the ``]`` would be."""
     text.expect("[")
-    if text.char() == "]":
+    first = text.char()
+    if first == "]" or (open_end and not first):
         text.at += 1
         return
     while True:
@@ -174,6 +187,8 @@ def _array(text: _Text, scan: Any) -> Iterator[Any]:
         except _ConstantError as exc:
             raise UnfollowedError("NaN or Infinity") from exc
         except (StopIteration, ValueError, RecursionError):
+            if open_end and not text.char():  # the array ends with the text (after a comma, too)
+                return
             value = _value(text, scan)
         else:
             if type(value) is not dict and _cut(value, text, end):
@@ -187,7 +202,7 @@ def _array(text: _Text, scan: Any) -> Iterator[Any]:
             continue
         char = text.char()
         text.at += 1
-        if char == "]":
+        if char == "]" or (open_end and not char):
             return
         if char != ",":
             raise UnfollowedError("expected ',' or ']'")
