@@ -60,7 +60,7 @@ class HookStartError(Exception):
 
 
 class _NoWatchdogError(Exception):
-    """No watchdog can run here: the shell is started directly."""
+    """The watchdog ended without a ``pid`` report (the hook never ran): the shell is started directly."""
 
 
 @dataclass(frozen=True)
@@ -116,6 +116,7 @@ class _Watched:
         self._proc, self._deadline, self._prefix = proc, deadline, prefix
         self._sock: socket.socket | None = sock
         self._pending = b""
+        self._eof = False  # every holder of the watchdog's end has closed it
         self.pid = 0  # the shell's, which is also its process group id
 
     @classmethod
@@ -143,25 +144,65 @@ class _Watched:
         logger.debug("%s finish hook watchdog started: pid %d", prefix, proc.pid)
         try:
             first = self._line(until=deadline)
+            if first is None and not self._eof:
+                first = self._seal()  # silent until the deadline: from now on it cannot start the shell
+            if first is not None and first.startswith("pid "):
+                self.pid = int(first[4:])
+                # The shell is past its exec or about to be: whatever happens from here (the hook may kill
+                # its watchdog at once) is this run's end, never a reason to start the hook again.
+                self._confirm_exec()
+                return self
         except BaseException:
             self.abandon()
             raise
-        if first is not None and first.startswith("pid "):
-            self.pid = int(first[4:])
-            return self
+        # No "pid": the shell never reached its exec, and never will (end-of-file: nobody holds the
+        # watchdog's end; sealed: a late report fails), so starting it without the watchdog runs it once.
         self._close()
         if first is not None and first.startswith("error "):
             self._reap()
             raise HookStartError(first[6:])
-        if time.monotonic() < self._deadline:  # end-of-file: it is on its way out
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(_EXIT_WAIT_S)
-        status = proc.poll()
-        if status is None:  # silent until the deadline: nothing was started
-            proc.kill()
+        if not self._eof:
+            proc.kill()  # our unreaped child: its pid cannot have been reused
             proc.wait()
             raise HookStartError("its watchdog did not start it before the deadline")
-        raise _NoWatchdogError(f"it exited with status {status}")
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(_EXIT_WAIT_S)  # it is on its way out
+        status = proc.poll()
+        if status is None:
+            proc.kill()
+            proc.wait()
+            raise _NoWatchdogError("it closed its control socket without starting the hook")
+        raise _NoWatchdogError(f"it {_ended(status)}")
+
+    def _confirm_exec(self) -> None:
+        """After ``pid``: ``error`` is a failed exec (the hook never ran); any other report is kept for :meth:`wait`."""
+        line = self._line(until=self._deadline)
+        if line is not None and line.startswith("error "):
+            self._close()
+            self._reap()
+            raise HookStartError(line[6:])
+        if line is not None and line != "running":
+            self._pending = line.encode() + b"\n" + self._pending
+
+    def _seal(self) -> str | None:
+        """Refuse further reports, and return the first line already received, if any.
+
+        After ``shutdown(SHUT_RD)`` a shell forked late fails to write its pid, so it is never exec'd;
+        a pid written before is still read here.
+        """
+        if self._sock is None:
+            return None
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RD)
+        try:
+            while select.select([self._sock], [], [], 0)[0] and (data := self._sock.recv(4096)):
+                self._pending += data
+        except OSError:
+            pass
+        if b"\n" not in self._pending:
+            return None
+        line, self._pending = self._pending.split(b"\n", 1)
+        return line.decode("utf-8", "replace")
 
     def _line(self, until: float) -> str | None:
         """The watchdog's next report; None at end-of-file or when ``until`` passes."""
@@ -173,9 +214,10 @@ class _Watched:
                 data = self._sock.recv(4096)
             except BlockingIOError:
                 continue
-            except OSError:
-                return None
+            except OSError:  # ECONNRESET: the peer died with unread data
+                data = b""
             if not data:
+                self._eof = True
                 return None
             self._pending += data
         line, self._pending = self._pending.split(b"\n", 1)
@@ -190,18 +232,26 @@ class _Watched:
                 timed_out = True
             elif line.startswith("exit "):
                 return HookEnd(None if timed_out else int(line[5:]), timed_out)
-        # Silent, or gone: guard the hook from here, as if there had been no watchdog.
-        _warn_once("lost", "%s the finish hook's watchdog stopped reporting; guarding the hook from here", self._prefix)
+        # Silent, or gone (the hook may have killed it): guard the hook from here, as if there had been
+        # no watchdog.  One warning at the end says how it went, not a second one here.
         self._close()
-        if self._proc.poll() is None:
+        if self._eof:  # a dying process closes its files before it can be waited for
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self._proc.wait(_EXIT_WAIT_S)
+        status = self._proc.poll()
+        if status is None:
             self._proc.kill()  # our unreaped child: its pid cannot have been reused
+            lost = f"its watchdog (pid {self._proc.pid}) stopped reporting and was killed"
+        else:
+            lost = f"its watchdog (pid {self._proc.pid}) {_ended(status)} while it ran"
+        logger.info("%s finish hook: %s; guarding the hook from here", self._prefix, lost)
         self._reap()
         while _running(self.pid) and time.monotonic() < self._deadline:
             time.sleep(_SHELL_POLL_S)
         if _running(self.pid):
             end_group(self.pid)
             return HookEnd(None, True)
-        return HookEnd(None, False, "the finish hook's watchdog was lost; the hook's exit status is unknown")
+        return HookEnd(None, False, f"{lost}, so the hook's exit status is unknown")
 
     def abandon(self) -> None:
         """The trainer stops waiting (interrupted): end the group now."""
@@ -277,6 +327,10 @@ class _Direct:
             self._proc.wait(timeout=SETTLE_S)
         except subprocess.TimeoutExpired:
             logger.warning("finish hook shell (pid %d) did not exit after SIGKILL", self.pid)
+
+
+def _ended(status: int) -> str:
+    return f"was killed by signal {-status}" if status < 0 else f"exited with status {status}"
 
 
 def _guard_in_thread(pgid: int, deadline: float) -> None:

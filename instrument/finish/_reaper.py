@@ -7,9 +7,14 @@ small watchdog process, which owns the deadline, and there is no moment when it 
 
 * As a script (``python -I -S _reaper.py DEADLINE CMD``) this module is the watchdog.  In its own
   session (signals sent to the trainer's process group miss it) it starts ``/bin/sh -c CMD`` in
-  another new session with the trainer's exact environment, working directory and output pipe,
-  reports ``pid N`` on its stdin (a socket to the trainer), then ``exit RC`` (``timeout`` first if
-  it killed the shell).  It kills the group (SIGTERM, SIGKILL :data:`TERM_GRACE_S` later)
+  another new session with the trainer's exact environment, working directory and output pipe.
+  It reports on its stdin (a socket to the trainer): ``pid N``, written by the forked shell itself
+  just before its exec; ``running`` once the exec succeeded, or ``error MSG``; then ``exit RC``
+  (``timeout`` first if it killed the shell).  ``pid`` is the handshake: without it the hook never
+  ran and the trainer may run it itself; after it, whatever happens to the watchdog (the hook may
+  kill it) ends this run and never starts another (issue 27).  Its signal handlers are in before
+  the shell exists, so a hook that signals its parent meets them.  It kills the group (SIGTERM,
+  SIGKILL :data:`TERM_GRACE_S` later)
   - at the deadline;
   - at once, when the socket reaches end-of-file while the shell runs: the trainer died (the kernel
     closes its end however it dies) and nobody is left to wait for the hook or read its output;
@@ -187,21 +192,41 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
+def _report_pid(control: int) -> None:
+    """In the forked shell, after its ``setsid`` and before its exec: ``pid N`` (its pid is its group's).
+
+    Nothing of the hook runs before the trainer holds this line, and a failed write (the trainer is
+    gone or gave up on the start) raises, so the shell is never exec'd.  Safe as a ``preexec_fn``:
+    the watchdog has no other thread.
+    """
+    line = f"pid {os.getpid()}\n".encode()
+    if os.write(control, line) != len(line):
+        raise OSError("short write of the pid report")
+
+
 def _run_watchdog(cmd: str, deadline: float, control: int) -> int:
     """Start the hook's shell, report on it, bound its group; the watchdog's exit status."""
+    for sig in _STOP_SIGNALS:
+        # Before the shell exists: a hook that signals its parent at once meets the handler, not
+        # the default death (which the trainer could not tell from a watchdog that never ran).
+        signal.signal(sig, _on_stop_signal)
     if select.select([control], [], [], 0)[0] and _closed(control):
         return 0  # the trainer died before the hook started: do not start it
+    if _stop_requested:
+        _say(control, "error its watchdog was stopped by a signal before the hook started")
+        return 0
     try:
         shell = subprocess.Popen(
             ["/bin/sh", "-c", cmd],
             env=_exec_environment(),
             start_new_session=True,  # its own process group: the unit that is killed
             stdin=subprocess.DEVNULL,  # stdout and stderr: ours, the trainer's output pipe
+            preexec_fn=lambda: _report_pid(control),  # noqa: PLW1509 - the watchdog has one thread
         )
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         _say(control, f"error {type(exc).__name__}: {exc}")
         return 0
-    _say(control, f"pid {shell.pid}")
+    _say(control, "running")
     try:
         # Let go of the output pipe (the trainer reads it to end-of-file) and of the working directory.
         null = os.open(os.devnull, os.O_RDWR)
@@ -209,8 +234,6 @@ def _run_watchdog(cmd: str, deadline: float, control: int) -> int:
         os.dup2(null, 2)
         os.close(null)
         os.chdir("/")
-        for sig in _STOP_SIGNALS:
-            signal.signal(sig, _on_stop_signal)
         _guard(shell, deadline, control)
     except BaseException:
         end_group(shell.pid, reap=shell.poll)  # whatever went wrong, the group does not outlive us
@@ -264,7 +287,9 @@ def main(argv: list[str]) -> int:
     except (IndexError, ValueError):
         print("usage: _reaper.py DEADLINE CMD (the finish hook starts this, not a person)", file=sys.stderr)
         return 2
-    return _run_watchdog(cmd, deadline, sys.stdin.fileno())
+    # A copy of stdin: the forked shell's fd 0 is /dev/null by the time it reports its pid.  The
+    # copy is close-on-exec, so the hook never holds the trainer's socket.
+    return _run_watchdog(cmd, deadline, os.dup(sys.stdin.fileno()))
 
 
 if __name__ == "__main__":
