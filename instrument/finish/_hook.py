@@ -21,7 +21,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from instrument.finish._launch import (
-    _MAX_LINE_BYTES,  # noqa: F401 - re-exported: tests read the line cut here
     MAX_LOGGED_LINES,
     OUTPUTS,
     TAIL_LINES,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from instrument.finish import _hook as _finish
+from instrument.finish import _launch
 from instrument.finish._hook import (
     MAX_LOGGED_LINES,
     TAIL_LINES,
@@ -204,7 +204,7 @@ def test_one_endless_line_is_cut_into_pieces() -> None:
     result = _run("head -c 3000000 /dev/zero | tr '\\0' x", timeout_s=120)
     assert result.ok
     assert len(result.tail) == TAIL_LINES
-    assert all(set(line) == {"x"} and len(line) <= _finish._MAX_LINE_BYTES for line in result.tail)
+    assert all(set(line) == {"x"} and len(line) <= _launch._MAX_LINE_BYTES for line in result.tail)
 
 
 def test_background_process_holding_the_pipe_does_not_hang_us(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
