@@ -1,5 +1,6 @@
-"""GPU time per rank (``instrument.analyze.traces._gpu``), checked against HolisticTraceAnalysis on real traces,
-and shown in the table, the page and the picture (none of it for CPU-only traces)."""
+"""GPU time per rank (``instrument.analyze.traces._gpu``), its kernels, idle split and launch delays
+(``._kernels``), checked against HolisticTraceAnalysis on real traces, and shown in the table, the page and
+the picture (none of it for CPU-only traces)."""
 
 from __future__ import annotations
 
@@ -252,7 +253,8 @@ def test_one_rank_with_steps_gets_gpu_rows_and_a_bar(tmp_path: Path) -> None:
     rows = tables.gpu_rows(report)
     assert [r[1] for r in rows] == ["all", "550", "551", "552", "553", "554"]
     fig = picture._figure(report)
-    assert "one rank" in fig.axes[0].get_title() and fig.axes[-1].get_title().startswith("(c)")
+    titles = [ax.get_title()[:3] for ax in fig.axes]
+    assert "one rank" in fig.axes[0].get_title() and titles[-3:] == ["(c)", "(d)", "(e)"]  # the GPU panels last
     assert write_png(report, tmp_path / "one.png").stat().st_size > 10_000
 
 
@@ -271,3 +273,164 @@ def test_cpu_only_sdk_traces_show_no_gpu_section(tmp_path: Path) -> None:
     assert "GPU" not in render_text(report)
     assert "GPU time per rank" not in write_html(report, tmp_path / "a.html").read_text(encoding="utf-8")
     assert not any(ax.get_title().startswith("(c)") for ax in picture._figure(report).axes)
+
+
+# --------------------------------------------------------------------------- kernels, idle split, launch delay
+
+# HolisticTraceAnalysis 0.5.0's kernel breakdown, idle breakdown and launch stats on the same traces, derived
+# once in a throwaway venv (how: the file's "about"); HTA is no test dependency.
+HTA_KERNELS = json.loads((DATA / "hta-0.5.0-kernels.json").read_text(encoding="utf-8"))["traces"]
+
+
+def _close(ours: float, theirs: float, scale: float) -> bool:
+    return abs(ours - theirs) <= 0.01 * scale
+
+
+@pytest.mark.parametrize("name", sorted(HTA_KERNELS))
+def test_kernels_idle_split_and_launch_delay_agree_with_hta(name: str) -> None:
+    report = analyze(DATA / name, jobs=1)
+    kernels = {row["rank"]: row for row in report.gpu_kernels}
+    idle = {row["rank"]: row for row in report.gpu_idle}
+    assert sorted(kernels) == sorted(idle) == sorted(int(r) for r in HTA_KERNELS[name])
+    for rank_text, hta in HTA_KERNELS[name].items():
+        ours, split = kernels[int(rank_text)], idle[int(rank_text)]
+        total = ours["total_us"]
+        for kind, spent in hta["by_type_us"].items():
+            assert _close(ours["by_type"][kind]["total_us"], spent, total), (rank_text, kind)
+        assert [k["name"] for k in ours["top"]] == [k["name"] for k in hta["top"]]
+        for mine, theirs in zip(ours["top"], hta["top"], strict=True):
+            assert mine["type"] == theirs["type"].lower().replace("computation", "compute")
+            assert _close(mine["total_us"], theirs["total_us"], theirs["total_us"]), mine["name"]
+            assert _close(mine["mean_us"], theirs["mean_us"], theirs["mean_us"]), mine["name"]
+        whole = sum(hta["idle_us"].values())
+        assert _close(split["idle_us"], whole, whole)
+        for cause in ("host_wait", "kernel_wait", "other"):
+            assert _close(split[f"{cause}_us"], hta["idle_us"][cause], whole), (rank_text, cause)
+        delay, theirs_delay = ours["launch_delay_us"], hta["launch_delay_us"]
+        assert delay["count"] == theirs_delay["count"]
+        for key in ("median", "p95"):
+            assert _close(delay[key], theirs_delay[key], theirs_delay[key]), (rank_text, key)
+
+
+def _launch(name: str, ts: float, dur: float, corr: int) -> dict[str, Any]:
+    return _x(name, "cuda_runtime", ts, dur, corr=corr)
+
+
+def _kernel(ts: float, dur: float, corr: int, stream: int = 7, name: str = "gemm") -> dict[str, Any]:
+    ev = _x(name, "kernel", ts, dur, corr=corr)
+    ev["args"]["stream"] = stream
+    return ev
+
+
+def _one_rank(tmp_path: Path, events: list[dict[str, Any]]) -> Any:
+    _write(tmp_path / "rank-0.json", events)
+    report = analyze(tmp_path, jobs=1)
+    assert report.ok
+    (kernels,) = report.gpu_kernels
+    (idle,) = report.gpu_idle
+    return kernels, idle
+
+
+def test_the_idle_split_and_the_launch_delay_follow_hta_definitions(tmp_path: Path) -> None:
+    kernels, idle = _one_rank(
+        tmp_path,
+        [
+            _launch("cudaLaunchKernel", 0, 5, 1),
+            _kernel(10, 10, 1),  # ends at 20; launched 5 us before it ran
+            _launch("cudaLaunchKernel", 30, 5, 2),
+            _kernel(40, 10, 2),  # launched at 30, after the stream went idle at 20: 20 us of host wait
+            _launch("cudaLaunchKernel", 36, 2, 3),
+            _kernel(60, 10, 3),  # queued before 50: a 10 us gap is kernel wait (under 30 us)
+            _launch("cudaLaunchKernelExC", 39, 1, 4),
+            _kernel(150, 10, 4),  # queued long before: an 80 us gap is other (waiting on something else)
+            _launch("cudaGraphLaunch", 1, 1, 5),
+            _kernel(5, 100, 5, stream=9, name="ncclDevKernel_AllReduce"),  # graph launches have no delay measured
+            _launch("cudaMemcpyAsync", 100, 10, 6),
+            _x("Memcpy HtoD (Pinned -> Device)", "gpu_memcpy", 105, 5, corr=6),  # ran before its call ended: 0
+        ],
+    )
+    assert (idle["host_wait_us"], idle["kernel_wait_us"], idle["other_us"], idle["idle_us"]) == (
+        20.0,
+        10.0,
+        80.0,
+        110.0,
+    )
+    assert [s["stream"] for s in idle["streams"]] == [-1, 7, 9]  # the memcpy says no stream
+    assert idle["host_wait_pct"] == round(100 * 20 / 110, 2)
+    # GPU start minus launch end: 10-5, 40-35, 60-38, 150-40 and 0 (clipped): 0, 5, 5, 22, 110; the p95 is
+    # interpolated 80% of the way from 22 to 110 (numpy's and pandas' default)
+    assert kernels["launch_delay_us"] == {"count": 5, "median": 5.0, "p95": 92.4}
+    assert kernels["by_type"]["compute"] == {"count": 4, "total_us": 40.0, "share_pct": round(100 * 40 / 145, 2)}
+    assert kernels["by_type"]["communication"]["total_us"] == 100.0
+    assert kernels["by_type"]["memory"] == {"count": 1, "total_us": 5.0, "share_pct": round(100 * 5 / 145, 2)}
+    assert [(k["name"], k["count"], k["total_us"], k["mean_us"]) for k in kernels["top"]] == [
+        ("ncclDevKernel_AllReduce", 1, 100.0, 100.0),
+        ("gemm", 4, 40.0, 10.0),
+        ("Memcpy HtoD (Pinned -> Device)", 1, 5.0, 5.0),
+    ]
+    assert sum(k["share_pct"] for k in kernels["top"]) == pytest.approx(100.0, abs=0.02)
+
+
+def test_the_json_shape_of_gpu_kernels_and_gpu_idle(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    shutil.copytree(DATA / "trace_filter", tmp_path / "traces")
+    assert cli.main(["analyze", str(tmp_path / "traces"), "--json", "--no-png"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert "gpu" in out and "stages" in out  # the keys there were stay
+    for row in out["gpu_kernels"]:
+        assert set(row) == {"rank", "events", "total_us", "by_type", "top", "launch_delay_us"}
+        assert set(row["by_type"]) == {"compute", "communication", "memory", "other"}
+        assert all(set(v) == {"count", "total_us", "share_pct"} for v in row["by_type"].values())
+        assert len(row["top"]) == 10
+        assert all(set(k) == {"name", "type", "count", "total_us", "mean_us", "share_pct"} for k in row["top"])
+        assert set(row["launch_delay_us"]) == {"count", "median", "p95"}
+    for row in out["gpu_idle"]:
+        assert set(row) == {
+            "rank", "idle_us", "host_wait_us", "kernel_wait_us", "other_us",
+            "host_wait_pct", "kernel_wait_pct", "other_pct", "streams",
+        }  # fmt: skip
+        assert all(
+            set(s) == {"stream", "idle_us", "host_wait_us", "kernel_wait_us", "other_us"} for s in row["streams"]
+        )
+    assert [r["rank"] for r in out["gpu_kernels"]] == [r["rank"] for r in out["gpu_idle"]] == [0, 1]
+
+
+def test_files_of_one_rank_add_their_kernels_up(tmp_path: Path) -> None:
+    _write(tmp_path / "actor_gen_step7_rank1-of-2_h_pid1_1.pt.trace.json", [_kernel(0, 10, 1)], rank=1)
+    _write(tmp_path / "actor_train_step7_rank1-of-2_h_pid1_2.pt.trace.json", [_kernel(100, 30, 2)], rank=1)
+    report = analyze(tmp_path, jobs=1)
+    (row,) = report.gpu_kernels
+    assert (row["rank"], row["events"], row["top"][0]["count"], row["top"][0]["mean_us"]) == (1, 2, 2, 20.0)
+
+
+def test_the_table_page_and_picture_show_kernels_and_the_idle_split(shown: Any, tmp_path: Path) -> None:
+    kernel_rows, idle_rows = tables.kernel_rows(shown), tables.idle_rows(shown)
+    assert [r[0] for r in idle_rows] == ["0", "1"]
+    assert [r[0] for r in kernel_rows] == ["0"] * tables.TABLE_KERNELS + ["1"] * tables.TABLE_KERNELS
+    # rank 0: HTA's 3,525.8 ms of host wait, its busiest kernel NCCL's send/recv
+    assert idle_rows[0][5] == "3,525.8 (83.3%)" and idle_rows[0][8] == "10,835.0"
+    assert kernel_rows[0][:4] == ("0", "ncclKernel_SendRecv_RING_SIMPLE_Sum_int8_t", "communication", "10")
+    text = render_text(shown, width=220)
+    assert "Top kernels per rank" in text and "host wait" in text
+    for row in kernel_rows + idle_rows:
+        assert re.search(r"[\s│]+".join(re.escape(c) for c in row), text), row
+    page = write_html(shown, tmp_path / "k.html").read_text(encoding="utf-8")
+    for row, headers in [(r, tables.KERNEL_HEADERS) for r in kernel_rows] + [
+        (r, tables.IDLE_HEADERS) for r in idle_rows
+    ]:
+        assert "".join(_html._td(c, h) for c, h in zip(row, headers, strict=True)) in page
+    fig = picture._figure(shown)
+    idle_ax = next(ax for ax in fig.axes if ax.get_title().startswith("(d)"))
+    for i, g in enumerate(shown.gpu_idle):
+        bars = [p for p in idle_ax.patches if round(p.get_x() + p.get_width() / 2) == i]
+        assert sum(b.get_height() for b in bars) == pytest.approx(g["idle_us"] / 1000)
+    kernel_ax = next(ax for ax in fig.axes if ax.get_title().startswith("(e)"))
+    top = max(p.get_width() for p in kernel_ax.patches)
+    nccl = sum(k["total_us"] for g in shown.gpu_kernels for k in g["top"] if k["name"].startswith("ncclKernel"))
+    assert top == pytest.approx(nccl / 1000)
+
+
+def test_cpu_only_traces_have_no_kernel_rows(tmp_path: Path) -> None:
+    report = analyze(known_run(tmp_path / "sdk"), jobs=1)
+    assert report.gpu_kernels == () and report.gpu_idle == ()
+    assert tables.kernel_rows(report) == [] and "Top kernels" not in render_text(report)
+    assert not any(ax.get_title().startswith("(d)") for ax in picture._figure(report).axes)

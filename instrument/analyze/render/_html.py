@@ -20,11 +20,17 @@ from instrument.analyze.render._tables import (
     GPU_HEADERS,
     GPU_LEGEND,
     HOW_TO_OPEN,
+    IDLE_HEADERS,
+    IDLE_LEGEND,
+    KERNEL_HEADERS,
+    KERNEL_LEGEND,
     LEFT,
     MEMORY_HEADERS,
     WARN_RATIO,
     gpu_rows,
     headers,
+    idle_rows,
+    kernel_rows,
     memory_rows,
     shown_ratio,
     summary,
@@ -63,6 +69,25 @@ def _gpu_section(report: Report) -> str:
         f'<h2>GPU time per rank</h2>\n<table class="gpu"><thead><tr>{head}</tr></thead><tbody>\n{body}\n'
         f'</tbody></table>\n<p class="note">{esc(GPU_LEGEND)}</p>\n'
     )
+
+
+def _gpu_details_section(report: Report) -> str:
+    """The page's tables of time by kernel type, idle split and launch delay, and of the top kernels."""
+    esc = html.escape
+    out = []
+    for title, columns, rows, legend in (
+        ("GPU kernels and idle time per rank", IDLE_HEADERS, idle_rows(report), IDLE_LEGEND),
+        ("Top kernels per rank", KERNEL_HEADERS, kernel_rows(report), KERNEL_LEGEND),
+    ):
+        if not rows:
+            continue
+        head = "".join(f"<th>{esc(h)}</th>" for h in columns)
+        body = "".join("<tr>" + "".join(_td(c, h) for c, h in zip(r, columns, strict=True)) + "</tr>" for r in rows)
+        out.append(
+            f"<h2>{esc(title)}</h2>\n<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>\n"
+            f'<p class="note">{esc(legend)}</p>\n'
+        )
+    return "".join(out)
 
 
 def _memory_section(report: Report) -> str:
@@ -114,7 +139,8 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
 <table><thead><tr>{head}</tr></thead><tbody>
 {"".join(body)}
 </tbody></table>
-{_gpu_section(report)}{_memory_section(report)}{f"<h2>Skipped files</h2><ul>{skipped}</ul>" if skipped else ""}
+{_gpu_section(report)}{_gpu_details_section(report)}
+{_memory_section(report)}{f"<h2>Skipped files</h2><ul>{skipped}</ul>" if skipped else ""}
 <h2>Picture</h2>
 <img src="data:image/png;base64,{picture}" alt="{alt}">
 </body></html>

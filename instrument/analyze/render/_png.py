@@ -1,5 +1,6 @@
 """The picture of a :class:`~instrument.analyze.Report` (:func:`write_png`): (a) stage time per rank,
-(b) the per-step breakdown of stages, (c) when the traces hold GPU work, GPU time per rank.
+(b) the per-step breakdown of stages, and when the traces hold GPU work (c) GPU time per rank,
+(d) its idle time split by cause and (e) the kernels that take the most time.
 
 matplotlib's object API (``Figure`` + Agg canvas), never ``pyplot``: no display needed and the caller's
 backend untouched; matplotlib is imported only when a picture is drawn. A stage keeps its colour from
@@ -110,6 +111,8 @@ def _figure(report: Report) -> Any:
     gpu = [g for g in report.gpu if g["step"] is None]  # whole traces: one bar a rank
     height_a = 1.2 + 0.32 * max(len(rows), 1)
     heights = [height_a, 4.0, 3.6] if gpu else [height_a, 4.0]
+    if report.gpu_idle:
+        heights.append(3.8)
     width = max(10.0, 3.5 + 0.7 * max(len(columns), len(gpu)))
     fig = Figure(figsize=(width, sum(heights) + 0.4), dpi=110, layout="constrained")
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
@@ -125,6 +128,10 @@ def _figure(report: Report) -> Any:
     _draw_breakdown(fig.add_subplot(grid[1]), report, colors)
     if gpu:
         _draw_gpu(fig.add_subplot(grid[2]), gpu)
+    if report.gpu_idle:
+        sub = grid[len(heights) - 1].subgridspec(1, 2, width_ratios=[1.0, 1.4])
+        _draw_idle(fig.add_subplot(sub[0]), report.gpu_idle, report.gpu_kernels)
+        _draw_kernels(fig.add_subplot(sub[1]), report.gpu_kernels)
     return fig
 
 
@@ -191,7 +198,11 @@ def _draw_heatmap(
     bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
     bar.set_label("time / median of ranks", fontsize=8)
     what = "work" if judged else "wall time"
-    how = "\nwork: time outside collectives (engines: execution time), as the table judges stragglers" if judged else ""
+    how = (
+        "\nwork: time outside CPU-side waits in collectives (engines: execution time), as the table judges"
+        if judged
+        else ""
+    )
     ax.set_title(f"(a) stage {what} per rank, ms (boxed: the straggler, >= 1.1x the median){how}", fontsize=10)
 
 
@@ -275,3 +286,54 @@ def _draw_gpu(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.set_title("(c) GPU time per rank, whole trace (overlap: communication also running compute)", fontsize=10)
     ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
     ax.grid(axis="y", alpha=0.3)
+
+
+_IDLE_PARTS = (
+    ("host wait", "host_wait_us", "#c44e52"),
+    ("kernel wait", "kernel_wait_us", "#dd8452"),
+    ("other", "other_us", "#d0d0d0"),
+)
+_KIND_COLORS = {"compute": "#4c72b0", "communication": "#dd8452", "memory": "#8172b3", "other": "#937860"}
+_PICTURE_KERNELS = 8
+
+
+def _draw_idle(ax: Any, idle: Iterable[dict[str, Any]], kernels: Iterable[dict[str, Any]]) -> None:
+    """(d) each rank's idle time per stream, summed over streams, stacked by cause; the launch delay on top."""
+    rows = list(idle)
+    delays = {k["rank"]: k["launch_delay_us"] for k in kernels}
+    positions = list(range(len(rows)))
+    bottoms = [0.0] * len(rows)
+    for name, key, color in _IDLE_PARTS:
+        heights = [float(r[key]) / 1000.0 for r in rows]
+        ax.bar(positions, heights, bottom=bottoms, label=name, color=color, edgecolor="white", linewidth=0.5)
+        bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
+    top = max(bottoms, default=0.0) or 1.0
+    for i, r in enumerate(rows):
+        delay = delays.get(r["rank"], {}).get("median")
+        note = "no launches" if delay is None else f"launch p50 {delay:,.0f} us"
+        ax.text(i, bottoms[i] + top * 0.01, note, ha="center", va="bottom", fontsize=7)
+    ax.set_ylim(0, top * 1.12)
+    ax.set_xticks(positions, ["?" if r["rank"] is None else f"rank {r['rank']}" for r in rows], fontsize=8)
+    ax.set_ylabel("ms (per stream, summed)")
+    ax.set_title("(d) GPU idle time by cause (HTA's idle breakdown)", fontsize=10)
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+
+
+def _draw_kernels(ax: Any, kernels: Iterable[dict[str, Any]]) -> None:
+    """(e) the kernels of most time: each rank's top kernels, their totals added over the ranks."""
+    from instrument.analyze.render._tables import short_kernel_name
+
+    totals: dict[str, list[Any]] = {}
+    for row in kernels:
+        for k in row["top"]:
+            held = totals.setdefault(k["name"], [k["type"], 0.0])
+            held[1] += float(k["total_us"]) / 1000.0
+    ranked = sorted(totals.items(), key=lambda item: (-item[1][1], item[0]))[:_PICTURE_KERNELS]
+    positions = list(range(len(ranked)))
+    ax.barh(positions, [v for _, (_, v) in ranked], color=[_KIND_COLORS[t] for _, (t, _) in ranked], height=0.7)
+    ax.set_yticks(positions, [short_kernel_name(name, 40) for name, _ in ranked], fontsize=7)
+    ax.invert_yaxis()  # the most time at the top
+    ax.set_xlabel("ms (total over ranks)", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("(e) top kernels by time (colour: their type, as in (c))", fontsize=10)

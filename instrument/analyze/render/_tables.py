@@ -23,6 +23,10 @@ __all__ = [
     "BAD_RATIO",
     "GPU_HEADERS",
     "GPU_LEGEND",
+    "IDLE_HEADERS",
+    "IDLE_LEGEND",
+    "KERNEL_HEADERS",
+    "KERNEL_LEGEND",
     "HEADERS",
     "HOW_TO_OPEN",
     "LEFT",
@@ -33,7 +37,10 @@ __all__ = [
     "gpu_rows",
     "headers",
     "hosts",
+    "idle_rows",
+    "kernel_rows",
     "memory_rows",
+    "short_kernel_name",
     "shown_ratio",
     "summary",
     "table_rows",
@@ -59,7 +66,7 @@ HEADERS = (
 """Every column; :func:`headers` leaves out those that would hold only ``-``."""
 _WORK = ("work med ms", "work max ms")
 GPU_HEADERS = ("rank", "step", "span ms", "compute ms", "communication ms", "memory ms", "idle ms", "overlap")
-LEFT = frozenset({"step", "role", "stage"})
+LEFT = frozenset({"step", "role", "stage", "kernel", "type"})
 """Columns of labels, aligned left; numbers go right."""
 WARN_RATIO = 1.2
 """From this straggler ratio a row is marked (yellow); from :data:`BAD_RATIO` it is marked bad (red)."""
@@ -191,6 +198,98 @@ GPU_LEGEND = (
     " (memcpy, memset): time each kind of GPU work runs, so they can overlap; idle: no GPU work; (%): of the span;"
     " overlap: the share of communication time during which compute runs too."
 )
+
+KERNEL_HEADERS = ("rank", "kernel", "type", "count", "total ms", "mean us", "share")
+TABLE_KERNELS = 5
+"""Kernels shown per rank in the table (``--json`` has the top ten)."""
+KERNEL_LEGEND = (
+    f"Top kernels (HTA's get_gpu_kernel_breakdown), the {TABLE_KERNELS} of most total time per rank, whole trace:"
+    " total and mean duration; share: of the rank's summed GPU event time; names cut short (--json has them whole)."
+)
+IDLE_HEADERS = (
+    "rank",
+    "compute",
+    "communication",
+    "memory",
+    "idle ms",
+    "host wait",
+    "kernel wait",
+    "other wait",
+    "launch p50 us",
+    "launch p95 us",
+)
+IDLE_LEGEND = (
+    "GPU time by kernel type (summed durations, share of all GPU event time) and idle time per stream, summed over"
+    " streams (HTA's get_idle_time_breakdown): host wait, the next event's launch came after the stream went idle"
+    " (the CPU was late); kernel wait, a gap under 30 us between events; other, the rest (waiting on another stream);"
+    " launch: GPU start minus the end of its launch call (cudaLaunchKernel, cudaMemcpyAsync, ...), median and p95."
+)
+
+
+def short_kernel_name(name: str, width: int = 60) -> str:
+    """A kernel's name without its return type, template and argument lists, cut to ``width``."""
+    short = name.removeprefix("void ")
+    for stop in ("<", "("):
+        cut = short.find(stop)
+        if cut > 0:
+            short = short[:cut]
+    short = short.strip()
+    return short if len(short) <= width else short[: width - 1] + "\u2026"
+
+
+def kernel_rows(report: Report) -> list[tuple[str, ...]]:
+    """The top-kernels table's cells (:data:`KERNEL_HEADERS`): each rank's :data:`TABLE_KERNELS` of most time."""
+    rows: list[tuple[str, ...]] = []
+    for g in report.gpu_kernels:
+        rank = "-" if g["rank"] is None else str(g["rank"])
+        for k in g["top"][:TABLE_KERNELS]:
+            rows.append(
+                (
+                    rank,
+                    short_kernel_name(k["name"]),
+                    k["type"],
+                    f"{k['count']:,}",
+                    ms(k["total_us"] / 1000.0),
+                    f"{k['mean_us']:,.1f}",
+                    f"{k['share_pct']:.1f}%",
+                )
+            )
+    return rows
+
+
+def _share(part: dict[str, Any]) -> str:
+    return f"{ms(part['total_us'] / 1000.0)} ({part['share_pct']:.1f}%)"
+
+
+def _us(value: Any) -> str:
+    return "-" if value is None else f"{value:,.1f}"
+
+
+def idle_rows(report: Report) -> list[tuple[str, ...]]:
+    """The per-rank GPU table's cells (:data:`IDLE_HEADERS`): time by kernel type, the idle split (ms and % of
+    the idle time) and the launch delay."""
+    idle = {g["rank"]: g for g in report.gpu_idle}
+    rows: list[tuple[str, ...]] = []
+    for g in report.gpu_kernels:
+        split = idle.get(g["rank"])
+        if split is None:  # pragma: no cover - the two lists are made together
+            continue
+        types, delay = g["by_type"], g["launch_delay_us"]
+        rows.append(
+            (
+                "-" if g["rank"] is None else str(g["rank"]),
+                _share(types["compute"]),
+                _share(types["communication"]),
+                _share(types["memory"]),
+                ms(split["idle_us"] / 1000.0),
+                f"{ms(split['host_wait_us'] / 1000.0)} ({split['host_wait_pct']:.1f}%)",
+                f"{ms(split['kernel_wait_us'] / 1000.0)} ({split['kernel_wait_pct']:.1f}%)",
+                f"{ms(split['other_us'] / 1000.0)} ({split['other_pct']:.1f}%)",
+                _us(delay["median"]),
+                _us(delay["p95"]),
+            )
+        )
+    return rows
 
 
 def _engine_notes(report: Report) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import Any
 
 from instrument.analyze._model import Report
 from instrument.analyze.render._tables import (
@@ -15,11 +16,17 @@ from instrument.analyze.render._tables import (
     GPU_HEADERS,
     GPU_LEGEND,
     HOW_TO_OPEN,
+    IDLE_HEADERS,
+    IDLE_LEGEND,
+    KERNEL_HEADERS,
+    KERNEL_LEGEND,
     LEFT,
     MEMORY_HEADERS,
     WARN_RATIO,
     gpu_rows,
     headers,
+    idle_rows,
+    kernel_rows,
     memory_rows,
     shown_ratio,
     summary,
@@ -44,7 +51,7 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
     except ImportError:
         text = _plain(columns, rows, [headline, *legend])
         if gpu:
-            text += "\n\nGPU time per rank\n" + _plain(GPU_HEADERS, gpu, [GPU_LEGEND])
+            text += "\n\nGPU time per rank\n" + _plain(GPU_HEADERS, gpu, [GPU_LEGEND]) + _plain_gpu_details(report)
         if report.memory:
             text += "\n\nMemory files\n" + _plain(MEMORY_HEADERS, memory_rows(report.memory), [HOW_TO_OPEN])
         return "\n".join([text, *notes])
@@ -74,14 +81,7 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
     for line in (headline, *legend):
         console.print(line, markup=False)
     if gpu:
-        small = Table(title="GPU time per rank", title_justify="left", header_style="bold")
-        for header in GPU_HEADERS:
-            small.add_column(header, justify="left" if header == "step" else "right")
-        for row in gpu:
-            small.add_row(*(Text(cell) for cell in row))
-        console.print()
-        console.print(small)
-        console.print(GPU_LEGEND, markup=False)
+        _print_gpu(console, gpu, report)
     if report.memory:  # CUDA snapshots and CPU memory timelines beside the traces
         files = Table(title="Memory files", title_justify="left", header_style="bold")
         for header in MEMORY_HEADERS:
@@ -107,3 +107,43 @@ def _plain(columns: Sequence[str], rows: Sequence[tuple[str, ...]], footer: list
     out = [line(columns), line(["-" * w for w in widths])]
     out.extend(line(r) for r in rows)
     return "\n".join(out + footer)
+
+
+def _gpu_details(report: Report) -> list[tuple[str, tuple[str, ...], list[tuple[str, ...]], str]]:
+    """The GPU tables after the first: per rank by kernel type and idle split, then the top kernels."""
+    return [
+        ("GPU kernels and idle time per rank", IDLE_HEADERS, idle_rows(report), IDLE_LEGEND),
+        ("Top kernels per rank", KERNEL_HEADERS, kernel_rows(report), KERNEL_LEGEND),
+    ]
+
+
+def _plain_gpu_details(report: Report) -> str:
+    return "".join(
+        f"\n\n{title}\n" + _plain(h, rows, [legend]) for title, h, rows, legend in _gpu_details(report) if rows
+    )
+
+
+def _print_gpu(console: Any, gpu: list[tuple[str, ...]], report: Report) -> None:
+    """The GPU tables on a rich console: time per rank, then by kernel type and idle split, then the top kernels."""
+    from rich.table import Table
+    from rich.text import Text
+
+    small = Table(title="GPU time per rank", title_justify="left", header_style="bold")
+    for header in GPU_HEADERS:
+        small.add_column(header, justify="left" if header == "step" else "right")
+    for row in gpu:
+        small.add_row(*(Text(cell) for cell in row))
+    console.print()
+    console.print(small)
+    console.print(GPU_LEGEND, markup=False)
+    for title, columns, rows, legend in _gpu_details(report):
+        if not rows:
+            continue
+        table = Table(title=title, title_justify="left", header_style="bold")
+        for header in columns:
+            table.add_column(header, justify="left" if header in LEFT else "right", overflow="fold")
+        for row in rows:
+            table.add_row(*(Text(cell) for cell in row))
+        console.print()
+        console.print(table)
+        console.print(legend, markup=False)
