@@ -22,8 +22,8 @@ from instrument.analyze._model import RankStats, StageStats
 __all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_SHARE", "US_PER_MS", "across", "compare"]
 
 US_PER_MS = 1000.0
-STRAGGLER_MIN_MS = 2.0
-"""Median wall time under which a stage names no straggler (the step timeline's floor too)."""
+STRAGGLER_MIN_MS = 5.0
+"""Median wall time under which a stage names no straggler: "a few ms", where timer noise and jitter rule."""
 STRAGGLER_MIN_SHARE = 0.01
 """Share of its step under which a stage names no straggler."""
 
