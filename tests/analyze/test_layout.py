@@ -23,6 +23,7 @@ import pytest
 import torch
 
 import instrument as ins
+import instrument.analyze
 import instrument.testing
 from instrument import cli
 from instrument.analyze import TraceFile
@@ -280,6 +281,88 @@ def test_filters_select_what_is_exported(save_path: Path, tmp_path: Path, capsys
     assert rc == 0
     assert data["folders"] == ["actor/update-actor/step2_mb1-2"]
     assert sorted(Path(f["target"]).name.split(".")[0] for f in data["files"]) == ["rank0", "rank2"]
+
+
+def _plain_torch_set(directory: Path, steps: tuple[int, ...] = (3, 4, 5)) -> Path:
+    """One plain torch.profiler trace per rank (torch's default name), its steps and stages inside it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for rank in range(WORLD):
+        events = []
+        for step in steps:
+            t = 1_000_000.0 * step
+            events += [
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{step}",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": t,
+                    "dur": 9e5,
+                },
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": "update_actor",
+                    "pid": 1,
+                    "tid": 1,
+                    "ts": t + 10,
+                    "dur": 5e5,
+                },
+            ]
+        info = {"backend": "gloo", "rank": rank, "world_size": WORLD}
+        (directory / f"host_{rank}.176400000000{rank}.pt.trace.json").write_text(
+            json.dumps({"distributedInfo": info, "traceEvents": events})
+        )
+    return directory
+
+
+class _Reads:
+    """The files an analysis reads (its ReadProgress)."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+
+    def begin(self, files: int, total_bytes: int) -> None:
+        pass
+
+    def file_done(self, path: str, size: int, seconds: float) -> None:
+        self.paths.append(path)
+
+
+def test_steps_inside_a_plain_trace_are_exported(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # the bug: "--layout hta OUT --steps 4" wrote "0 files in 0 folders" where "--steps 4" alone finds step 4
+    source = _plain_torch_set(tmp_path / "plain")
+    rc, out, err = _cli([str(source), "--json", "--no-png", "--steps", "4"], capsys)
+    assert rc == 0 and [s["step"] for s in json.loads(out)["stages"]] == [4]
+    rc, out, err = _cli([str(source), "--layout", "hta", str(tmp_path / "hta"), "--steps", "4"], capsys)
+    assert rc == 0, err
+    assert f"{WORLD} files in 1 folders" in out and "unknown/trace/no-step" in out
+
+
+@pytest.mark.parametrize(
+    "filters",
+    [
+        {},
+        {"steps": [4]},
+        {"steps": [2]},
+        {"steps": [0]},
+        {"ranks": [1]},
+        {"stages": ["update_actor"]},
+        {"stages": ["generate-sequences"], "steps": [1, 2], "ranks": [0, 2]},
+    ],
+    ids=repr,
+)
+def test_the_export_keeps_what_the_analysis_reads(save_path: Path, tmp_path: Path, filters: dict[str, Any]) -> None:
+    source = tmp_path / "both"
+    shutil.copytree(save_path, source)  # the SDK's discrete traces, with their manifests
+    _plain_torch_set(source)  # and plain torch traces whose steps and stages lie inside
+    reads = _Reads()
+    instrument.analyze.analyze(source, jobs=1, progress=reads, **filters)
+    done = layout.export_layout(source, tmp_path / "out", "hta", **filters)
+    assert done.skipped == ()
+    assert sorted(f.source for f in done.files) == sorted(reads.paths)
+    assert reads.paths  # every filter here keeps some file
 
 
 def test_duplicates_and_damaged_entries_are_named(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -175,7 +175,7 @@ class _Closed:
         self.done = False
 
     def read(self, size: int = -1) -> bytes:
-        if self.done:
+        if self.done or size == 0:  # ijson reads 0 bytes first, to learn bytes from text
             return b""
         data = self.stream.read(size)
         if data:

@@ -140,9 +140,13 @@ def events(stream: _Readable) -> Iterator[Any]:
 
 
 def _only_space(text: _Text) -> None:
-    while not _DONE.match(text.text, text.at):  # only white space may follow the object or array
-        if text.eof:
+    """Only white space may follow the object or array, to the end of the file (not just of this piece)."""
+    while True:
+        if not _DONE.match(text.text, text.at):
             raise UnfollowedError("text after the object")
+        if text.eof:
+            return
+        text.at = len(text.text)
         text.more()
 
 
