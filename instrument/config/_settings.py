@@ -25,6 +25,7 @@ from instrument.config._memory import MemorySnapshots
 from instrument.config._overrides import ADD, DELETE, format_value, parse_value, split_override, string_value
 from instrument.config._validators import (
     CONTENTS,
+    DIALECTS,
     HOOK_OUTPUTS,
     TOOLS,
     boolean,
@@ -181,6 +182,11 @@ class ProfilerConfig:
     token_window: tuple[int, int] | None = attrs.field(
         default=None, converter=_to_window, validator=_check_token_window
     )
+    keep_engine_peers: bool = attrs.field(default=False, validator=boolean)
+    """Relocation keeps every trace of a driven rollout replica, not only the profiled ranks' (docs/rollout.md)."""
+    dialect: str = attrs.field(default="instrument", validator=one_of(DIALECTS))
+    """Whose rules apply where verl 0.9.1 and instrument differ: ``verl`` for a configuration in verl's keys
+    (docs/config.md, "Moving from verl")."""
     metrics: bool = attrs.field(default=False, validator=boolean)
     metrics_rank_label: bool = attrs.field(default=False, validator=boolean)
     trigger: SlowStep | None = attrs.field(default=None, converter=_to_trigger, validator=_optional_instance(SlowStep))
@@ -189,6 +195,7 @@ class ProfilerConfig:
     memory: MemorySnapshots | None = attrs.field(  # docs/memory.md
         default=None, converter=_to_memory, validator=_optional_instance(MemorySnapshots)
     )
+    timeline: bool = attrs.field(default=True, validator=boolean)  # docs/timeline.md: every step, every rank
 
     def __attrs_post_init__(self) -> None:
         if self.active:
@@ -397,11 +404,16 @@ _MERGE_RULES: dict[str, Callable[[ProfilerConfig, ProfilerConfig, bool], Any]] =
     ),
     "trigger": lambda a, b, union: _merge_optional(a.trigger, b.trigger, union, "trigger"),
     "on_demand": lambda a, b, union: a.on_demand or b.on_demand if union else a.on_demand and b.on_demand,
+    "timeline": lambda a, b, union: a.timeline or b.timeline if union else a.timeline and b.timeline,
     "max_triggered": lambda a, b, union: (
         max(a.max_triggered, b.max_triggered) if union else min(a.max_triggered, b.max_triggered)
     ),
     # Like a schedule: no window records every engine iteration, so it wins a union.
     "token_window": lambda a, b, union: _merge_schedule(a.token_window, b.token_window, union, "token_window"),
+    "keep_engine_peers": lambda a, b, union: (
+        a.keep_engine_peers or b.keep_engine_peers if union else a.keep_engine_peers and b.keep_engine_peers
+    ),
+    "dialect": lambda a, b, union: _same("dialect", a.dialect, b.dialect),
     "memory": lambda a, b, union: _merge_optional(a.memory, b.memory, union, "memory"),
 }
 
@@ -439,7 +451,7 @@ def _valid_keys() -> list[str]:
 _KEYS = _valid_keys()
 # Override values for these keys are taken as written ("tool=none" is the tool, a command may hold
 # brackets and commas); only a bare null is null.
-_STRING_KEYS = frozenset({"tool", "save_path", "finish_hook.cmd"})  # and their verl spellings
+_STRING_KEYS = frozenset({"tool", "save_path", "finish_hook.cmd", "dialect"})  # and their verl spellings
 
 
 def _unknown_key(key: str, candidates: Sequence[str]) -> str:

@@ -9,10 +9,9 @@ from __future__ import annotations
 import functools
 import inspect
 import itertools
-import time
 from collections.abc import Callable
 from threading import get_ident
-from time import perf_counter
+from time import perf_counter_ns
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
@@ -155,7 +154,7 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
             entry = opened_by(self)
             session = STATE.session
             if isinstance(entry, _Frame) and session is not None:
-                _stage_ends(session, self.name, entry, entry.started)  # drops it
+                _stage_ends(session, ("stage", self.role, self.name), entry, entry.started)  # drops it
             elif entry is not None:
                 drop_stage(entry)
         finally:  # the stage has closed, as in a decorated call; then the error goes on, unchanged
@@ -181,28 +180,13 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
         return _wrap(func, self.name, self.scheduled, self.role)
 
 
-def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None) -> Callable[..., Any]:
-    # Only plain values in the closure: Ray pickles worker classes by value.
+def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None) -> Callable[..., Any]:  # noqa: PLR0915
+    # Only plain values in the closure: Ray pickles worker classes by value. One function on purpose (PLR0915):
+    # every call out of the wrapper would cost the hot path.
     state = STATE
+    key = ("stage", role, name)  # the stage's name in the step timeline
     if inspect.iscoroutinefunction(func):
-
-        @functools.wraps(func)
-        async def stage_coroutine(*args: Any, **kwargs: Any) -> Any:
-            try:  # free until something raises (zero-cost exceptions, Python >= 3.11): the OOM snapshot's hook
-                session = state.session
-                if not state.engaged or session is None:
-                    return await func(*args, **kwargs)
-                frame, started = _stage_begins(session, name, scheduled, role, concurrent=True)
-                try:
-                    return await func(*args, **kwargs)  # the range covers the awaited work
-                finally:
-                    _stage_ends(session, name, frame, started)
-            except RuntimeError as exc:  # torch.OutOfMemoryError is one
-                if state.on_oom is not None:
-                    _left_with(exc, name, role)
-                raise  # bare: the same object and traceback
-
-        return stage_coroutine
+        return _wrap_coroutine(func, name, scheduled, role)
 
     @functools.wraps(func)
     def stage(*args: Any, **kwargs: Any) -> Any:
@@ -213,24 +197,41 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
         try:
             if not state.engaged:
                 return func(*args, **kwargs)
+            spans = state.spans
+            if spans is not None and not state.recording and state.observers is None:
+                # The step timeline on an unprofiled step (the common engaged case): two clock reads, one append.
+                step = state.step
+                started = perf_counter_ns()
+                try:
+                    return func(*args, **kwargs)
+                finally:
+                    spans.append((key, step, started, perf_counter_ns(), get_ident()))
             fast = state.fast
             if fast is not None and (not state.fast_thread or state.fast_thread == get_ident()):
                 entry = fast.get(name)
                 if entry is not None:  # (enter, arg, exit), a range and nothing else: decided once per step
+                    step = state.step
                     entry[0](entry[1])
+                    started = perf_counter_ns()
                     try:
                         return func(*args, **kwargs)
                     finally:
                         entry[2]()
+                        if spans is not None:
+                            spans.append((key, step, started, perf_counter_ns(), get_ident()))
             observers = state.observers
             if observers is not None and not state.recording:
                 observe = observers.get(name)
-                if observe is not None:  # stage metrics on an unprofiled step: time and observe, nothing else
-                    started = perf_counter()
+                if observe is not None:  # stage metrics on an unprofiled step: time, observe and the timeline
+                    step = state.step
+                    started = perf_counter_ns()
                     try:
                         return func(*args, **kwargs)
                     finally:
-                        observe(perf_counter() - started)
+                        ended = perf_counter_ns()
+                        observe((ended - started) / 1e9)
+                        if spans is not None:
+                            spans.append((key, step, started, ended, get_ident()))
             session = state.session
             if session is None:
                 return func(*args, **kwargs)
@@ -238,7 +239,7 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
             try:
                 return func(*args, **kwargs)
             finally:
-                _stage_ends(session, name, frame, began)
+                _stage_ends(session, key, frame, began)
         except RuntimeError as exc:  # torch.OutOfMemoryError is one; the hook checks the class
             if state.on_oom is not None:
                 _left_with(exc, name, role)
@@ -247,44 +248,80 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
     return stage
 
 
+def _wrap_coroutine(func: Callable[..., Any], name: str, scheduled: bool, role: str | None) -> Callable[..., Any]:
+    state = STATE
+    key = ("stage", role, name)
+
+    @functools.wraps(func)
+    async def stage_coroutine(*args: Any, **kwargs: Any) -> Any:
+        try:  # free until something raises (zero-cost exceptions, Python >= 3.11): the OOM snapshot's hook
+            session = state.session
+            if not state.engaged or session is None:
+                return await func(*args, **kwargs)
+            frame, started = _stage_begins(session, name, scheduled, role, concurrent=True)
+            try:
+                return await func(*args, **kwargs)  # the range covers the awaited work
+            finally:
+                _stage_ends(session, key, frame, started)
+        except RuntimeError as exc:  # torch.OutOfMemoryError is one
+            if state.on_oom is not None:
+                _left_with(exc, name, role)
+            raise  # bare: the same object and traceback
+
+    return stage_coroutine
+
+
 def _stage_begins(
     session: Session, name: str, scheduled: bool, role: str | None, *, concurrent: bool = False
-) -> tuple[_Frame | None, float | None]:
-    """A stage begins past the disabled check (any form): its frame on a profiled step, its start with metrics."""
+) -> tuple[_Frame | None, tuple[int, int] | None]:
+    """A stage begins past the disabled check (any form): its frame on a profiled step; when it starts (and
+    in which step) if metrics or the step timeline time it."""
     frame = session.enter_stage(name, scheduled, concurrent=concurrent, role=role) if STATE.recording else None
-    return frame, (perf_counter() if session.metrics is not None else None)
+    return frame, ((perf_counter_ns(), STATE.step) if session.engaged else None)
 
 
-def _stage_ends(session: Session, name: str, frame: _Frame | None, started: float | None) -> None:
-    """The stage of :func:`_stage_begins` ends (also when it raised): observe its time, close its frame."""
-    if started is not None:
-        session.observe_stage(name, perf_counter() - started)
+def _stage_ends(session: Session, key: tuple[str, str | None, str], frame: _Frame | None, began: Any) -> None:
+    """The stage of :func:`_stage_begins` ends (also when it raised): observe its time, record its span in the
+    timeline, close its frame. ``key``: the stage's ``(kind, role, name)``."""
+    if began is not None:
+        started, step = began
+        ended = perf_counter_ns()
+        if session.metrics is not None:
+            session.observe_stage(key[2], (ended - started) / 1e9)
+        spans = STATE.spans
+        if spans is not None:
+            spans.append((key, step, started, ended, get_ident()))
     if frame is not None:
         session.exit_stage(frame)
 
 
 class _Window:
-    """The context manager ``profile_window`` returns on profiled steps or with stage metrics on."""
+    """The context manager ``profile_window`` returns on profiled steps, with stage metrics or the timeline on."""
 
-    __slots__ = ("_close", "_frame", "_recording", "_session", "_started", "mini_batch")
+    __slots__ = ("_close", "_frame", "_recording", "_session", "_started", "_step", "mini_batch")
 
     def __init__(self, session: Session, mini_batch: int) -> None:
         self._session = session
         self.mini_batch = mini_batch
         self._recording = STATE.recording
+        self._step = STATE.step
         self._frame: Any = None
         self._close: Any = None
-        self._started = 0.0
+        self._started = 0
 
     def __enter__(self) -> _Window:
         if self._recording:
             self._frame, self._close = self._session.enter_window(self.mini_batch)
-        self._started = time.perf_counter()
+        self._started = perf_counter_ns()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        ended = perf_counter_ns()
         if self._session.metrics is not None:
-            self._session.observe_stage("mini_batch", time.perf_counter() - self._started)
+            self._session.observe_stage("mini_batch", (ended - self._started) / 1e9)
+        spans = STATE.spans
+        if spans is not None:
+            spans.append((("window", None, f"mb{self.mini_batch}"), self._step, self._started, ended, get_ident()))
         if self._recording:
             self._session.exit_window(self._frame, self._close)
 

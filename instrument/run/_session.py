@@ -31,11 +31,14 @@ from instrument.run._process import (
 )
 from instrument.run._stages import StageTracing, _Frame
 from instrument.run._state import STATE
+from instrument.run._timeline import TimelineWriter
 from instrument.run._triggers import Triggers
 
 __all__ = ["STATE", "Session", "detect_rank_and_world", "start_session"]
 
 logger = logging.getLogger(__name__)
+
+_STEP_SPAN = ("step", None, "step")  # the timeline's name of a profile_step span
 
 
 def is_last_step(config: ProfilerConfig, step: int, *, last: bool) -> bool:
@@ -92,8 +95,19 @@ class Session(StageTracing):
                 self.metrics = StageMetrics(role=role, rank=rank, rank_label=config.metrics_rank_label)
             except Exception as exc:
                 self._fail("cannot record stage metrics (is prometheus_client installed?)", exc)
+        self.timeline: TimelineWriter | None = None
+        if config.timeline and config.enable:  # enable=False: nothing written, nothing timed
+            self.timeline = TimelineWriter(
+                config.save_path, role=role, rank=rank, world_size=world_size, publish=self.publish, report=self._fail
+            )
+        self._step_started_ns = 0
         self._lock = threading.RLock()
         self._finish_lock = threading.Lock()  # finish() once; never held while recording
+
+    @property
+    def engaged(self) -> bool:
+        """Whether decorated calls leave the disabled path off profiled steps: stage metrics or the timeline."""
+        return self.metrics is not None or self.timeline is not None
 
     # A reentrant lock that knows its holder: the SIGTERM handler runs on the main thread between
     # two bytecodes, possibly inside one of our own backend calls; it must then defer, not re-enter.
@@ -184,8 +198,9 @@ class Session(StageTracing):
             self.end_step()
         held = self._acquire()
         try:
-            self.step = step
+            self.step = STATE.step = step
             self._step_started = time.perf_counter()
+            self._step_started_ns = time.perf_counter_ns()
             planned = self.profiles_rank and self.config.profiles_step(step)
             self.step_triggered = not planned and not self.finished and self.triggers.wanted(step)
             self.step_profiled = not self.finished and (planned or self.step_triggered)
@@ -227,9 +242,10 @@ class Session(StageTracing):
         held = self._acquire()
         try:
             step, self.step = self.step, None
-            STATE.recording, STATE.fast = False, None
-            STATE.engaged = self.metrics is not None
+            STATE.recording, STATE.fast, STATE.step = False, None, 0
+            STATE.engaged = self.engaged
             self._after_step(step, profiled=self.step_profiled)
+            self._step_span(step)
             self._stop_trace("could not save the trace of step", str(step))  # no trace outlives its step
             self.step_profiled = False
         finally:
@@ -266,6 +282,16 @@ class Session(StageTracing):
         except Exception as exc:
             self._fail("could not record step metrics", exc)
 
+    def _step_span(self, step: int | None) -> None:
+        """The step's span in the timeline, and a nudge to its writer (the step's spans are written now)."""
+        timeline = self.timeline
+        if timeline is None or step is None:
+            return
+        timeline.pending.append(
+            (_STEP_SPAN, step, self._step_started_ns, time.perf_counter_ns(), threading.get_ident())
+        )
+        timeline.wake()
+
     def observe_stage(self, name: str, seconds: float) -> None:
         """Record one stage (or ``mini_batch``) duration in the metrics."""
         try:
@@ -300,6 +326,8 @@ class Session(StageTracing):
             if owner is not None and owner.window_open:  # interrupted inside a mini-batch: the trace holds it
                 self.exit_window(owner, owner.close_window)
             self._stop_trace("could not flush traces")
+            if self.timeline is not None:
+                self.timeline.write_now()
             if self._backend is not None:
                 try:
                     self._backend.close()
@@ -314,6 +342,10 @@ class Session(StageTracing):
         self._backend, self._backend_failed = None, True
         self.finished = self.hook.ran = True
         self.metrics = None
+        if self.timeline is not None:
+            self.timeline.forget()  # the parent's file; the child's spans are not recorded
+            self.timeline = None
+        STATE.spans = None
         self._lock, self._finish_lock = threading.RLock(), threading.Lock()  # another thread may have held them
         self._holder, self.terminate_pending = 0, False
 
@@ -341,10 +373,12 @@ class Session(StageTracing):
                 self.flush()
                 if run_hook and self.hook.automatic:
                     self.run_finish_hook()
+                if self.timeline is not None:
+                    self.timeline.close()  # bounded; lists the file in the manifest, which closes next
                 self.finished = True
                 self._manifest.close()
                 if STATE.session is self:
-                    STATE.engaged, STATE.observers = False, None
+                    STATE.engaged, STATE.observers, STATE.spans = False, None, None
                     _stop_watching_out_of_memory()  # the run-long allocation history ends with the run
             return [os.path.join(self.config.save_path, record.path) for record in self.records]
 
@@ -376,9 +410,10 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
     _stop_watching_out_of_memory()
     session = Session(config, role=role, rank=rank, world_size=world_size)
     session.watch_out_of_memory()
-    STATE.recording, STATE.fast = False, None
-    STATE.engaged = session.metrics is not None
+    STATE.recording, STATE.fast, STATE.step = False, None, 0
+    STATE.engaged = session.engaged
     STATE.observers = None if session.metrics is None else session.metrics.observers
+    STATE.spans = None if session.timeline is None else session.timeline.pending
     STATE.session = session
     if config.on_demand:
         install_usr1()

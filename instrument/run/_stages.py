@@ -34,7 +34,7 @@ class _Frame:
     A frame the session entered (:meth:`StageTracing.enter_stage`) may hold a range in a trace. A
     ``with profiled_stage(...)`` block timed by stage metrics off a profiled step has a bare one
     (``trace`` -1). ``owner``: the ``profiled_stage`` object of a with-block; ``started``: when it
-    began, if stage metrics time it.
+    began and in which step, if stage metrics or the step timeline time it.
     """
 
     __slots__ = (
@@ -64,7 +64,7 @@ class _Frame:
         self.window_open = False
         self.close_window: Callable[[], None] | None = None
         self.owner: object = None
-        self.started: float | None = None
+        self.started: tuple[int, int] | None = None  # (perf_counter_ns, step) when metrics or the timeline time it
 
 
 _STAGES: ContextVar[tuple[object, ...]] = ContextVar("instrument_stages", default=())

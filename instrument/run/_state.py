@@ -8,8 +8,11 @@ __all__ = ["STATE"]
 
 
 class _State:
-    """``recording``: a profiled step is open on this rank; ``engaged``: recording, or stage metrics
-    on (decorated calls leave the disabled path); ``session``: the run of this process, if any.
+    """``recording``: a profiled step is open on this rank; ``engaged``: recording, stage metrics or the
+    step timeline on (decorated calls leave the disabled path); ``session``: the run of this process, if any.
+
+    ``spans``: with the step timeline on, the writer's queue (:class:`instrument.run._timeline.TimelineWriter`):
+    decorated calls append ``(name, step, start_ns, end_ns, thread)`` to it; ``step``: the open step (0: none).
 
     ``fast``: on a profiled step whose recorder offers the per-call fast path
     (:class:`instrument.recorders.FastRanges`; no metrics), stage name -> its ``(enter, arg, exit)``
@@ -20,7 +23,7 @@ class _State:
     leaves (only then: the normal path never reads it).
     """
 
-    __slots__ = ("engaged", "fast", "fast_thread", "observers", "on_oom", "recording", "session")
+    __slots__ = ("engaged", "fast", "fast_thread", "observers", "on_oom", "recording", "session", "spans", "step")
 
     recording: bool
     engaged: bool
@@ -29,16 +32,18 @@ class _State:
     fast_thread: int
     observers: dict[str, Any] | None  # with stage metrics: stage -> bound observe
     on_oom: Any  # instrument.recorders.memory.OomSnapshots, or None
+    spans: Any  # collections.deque of span tuples, or None
+    step: int
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        """Not configured: no run, nothing recorded, no fast path, no observers, no OOM hook (closes nothing)."""
+        """Not configured: no run, nothing recorded, no fast path, observers, OOM hook or timeline (closes nothing)."""
         self.session = None
         self.recording = self.engaged = False
-        self.fast = self.observers = self.on_oom = None
-        self.fast_thread = 0
+        self.fast = self.observers = self.on_oom = self.spans = None
+        self.fast_thread = self.step = 0
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         # Decorated methods hold this object in their closure, and Ray pickles worker classes

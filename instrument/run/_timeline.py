@@ -106,6 +106,14 @@ class TimelineWriter:
                 return
         self._wake.set()
 
+    def write_now(self) -> None:
+        """Write what is pending from this thread (SIGTERM's flush: the process may end next); bounded."""
+        if self._io.acquire(timeout=_CLOSE_WAIT_S):
+            try:
+                self._write_pending()
+            finally:
+                self._io.release()
+
     def close(self) -> None:
         """Write what is pending, close the file and list it in the manifest (bounded; never raises)."""
         if self._closed:
