@@ -181,13 +181,14 @@ class ProfileController:
         )
 
     def _drives(self, step: int) -> bool:
-        # Stage metrics and triggers need every step's boundaries on the workers; without them
-        # only profiled steps are worth two remote calls per worker.
+        # The step timeline, stage metrics and triggers need every step's boundaries on the workers;
+        # without them only profiled steps are worth two remote calls per worker.
         config = self.config
-        return config.metrics or config.trigger is not None or config.on_demand or config.profiles_step(step)
+        every_step = (config.timeline and config.enable) or config.metrics or config.trigger is not None
+        return every_step or config.on_demand or config.profiles_step(step)
 
     def start(self, step: int) -> None:
-        """Open step ``step`` on every worker (every step with metrics or triggers, else profiled steps only)."""
+        """Open step ``step`` on every worker (every step with the timeline, metrics or triggers; else profiled)."""
         if self._drives(step):
             self._call("start_profile", step)
 
