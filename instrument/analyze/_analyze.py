@@ -18,14 +18,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from instrument.analyze._model import MemoryFile, Report, Skipped, TraceFile
+from instrument.analyze._model import MemoryFile, Report, Skipped, TraceFile, label_key
 from instrument.analyze._ray import scan_on_ray
 from instrument.analyze.analyzers._fold import Filters, Fold
 from instrument.analyze.analyzers._snapshots import find_memory_files
 from instrument.analyze.analyzers._stats import compare
+from instrument.analyze.analyzers._timeline import TimelineReport, analyze_timeline
 from instrument.analyze.traces._discover import discover
 from instrument.analyze.traces._names import worker_label
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
+from instrument.analyze.traces._timelines import align, find_timelines
+from instrument.naming import TIMELINE_SUFFIX
 
 __all__ = ["PARALLEL_MIN_BYTES", "ReadProgress", "analyze"]
 
@@ -167,6 +170,7 @@ def analyze(
         else:
             fold.add(trace, result)
     stage_stats = compare(fold.groups(), fold.step_ms())
+    timeline, timeline_note = _timeline(root, filters, skipped, notes := list(fold.notes))
     skipped.sort(key=lambda s: s.path)
     return Report(
         directory=str(root),
@@ -181,8 +185,38 @@ def analyze(
         memory=tuple(_memory_files(root, filters)),
         gpu_kernels=fold.kernel_rows(),
         gpu_idle=fold.idle_rows(),
-        notes=tuple(fold.notes),
+        notes=tuple(notes),
+        timeline=timeline,
+        timeline_note=timeline_note,
     )
+
+
+def _timeline(
+    root: Path, filters: Filters, skipped: list[Skipped], notes: list[Skipped]
+) -> tuple[TimelineReport | None, str | None]:
+    """The step timeline from the run's timeline files, under the filters; else why there is none."""
+    timelines, unread = find_timelines(root)
+    for problem in unread:  # a torn file is read up to its last record: a note, not a file left out
+        (notes if any(t.path == problem.path for t in timelines) else skipped).append(problem)
+    if not timelines:
+        return None, (
+            f"no step timeline in {root}: the run wrote no *{TIMELINE_SUFFIX} file "
+            "(ProfilerConfig(timeline=False), or a run from before timelines)"
+        )
+    on_axis = align(timelines)
+    opened = {span.step for span in on_axis.spans if span.kind == "step"}  # a span outside any step: not analysed
+    spans = [
+        span
+        for span in on_axis.spans
+        if span.step in opened
+        and (filters.ranks is None or span.rank in filters.ranks)
+        and (filters.steps is None or span.step in filters.steps)
+        and (filters.stages is None or span.kind == "step" or label_key(span.stage) in filters.stages)
+    ]
+    if not spans:
+        return None, "the timeline files hold no span the filters keep"
+    report = analyze_timeline(spans, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0)
+    return report, None
 
 
 def _memory_files(root: Path, filters: Filters) -> list[MemoryFile]:

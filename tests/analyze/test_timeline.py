@@ -16,13 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from instrument.analyze._model import TimelineReport, findings_text
 from instrument.analyze.analyzers._timeline import (
     IDLE,
     UNALIGNED_NOTE,
     UNATTRIBUTED,
-    TimelineReport,
     analyze_timeline,
-    findings_text,
 )
 from instrument.timeline import Span
 

@@ -69,10 +69,18 @@ import gc
 import statistics
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
 
+from instrument.analyze._model import (
+    ClockInfo,
+    Finding,
+    RankTimeline,
+    RoleTimeline,
+    StepTimeline,
+    TimelineReport,
+    TimeShare,
+)
 from instrument.timeline import Span
 
 __all__ = [
@@ -96,7 +104,6 @@ __all__ = [
     "TimeShare",
     "TimelineReport",
     "analyze_timeline",
-    "findings_text",
 ]
 
 NS_PER_MS = 1_000_000
@@ -134,154 +141,6 @@ def _ms(ns: float) -> float:
 
 def _round(value: float) -> float:
     return round(value, 3)
-
-
-@dataclass(frozen=True, slots=True)
-class TimeShare:
-    """Time given to one stage on one rank (a critical-path part, or what a rank waited for).
-
-    ``stage`` is :data:`IDLE` for critical-path time when no stage ran and :data:`UNATTRIBUTED` for a wait
-    with no cause (then ``role`` and ``rank`` are ``None``)."""
-
-    role: str | None
-    stage: str
-    rank: int | None
-    ms: float
-
-    def to_json(self) -> dict[str, Any]:
-        return {"role": self.role, "stage": self.stage, "rank": self.rank, "ms": _round(self.ms)}
-
-
-@dataclass(frozen=True, slots=True)
-class RankTimeline:
-    """One lane in one step: busy (its stages' union), idle (the rest of its step span), and the causes."""
-
-    rank: int
-    role: str
-    busy_ms: float
-    idle_ms: float
-    waited_for: tuple[TimeShare, ...]  # largest first; empty when clocks are not aligned
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rank": self.rank,
-            "role": self.role,
-            "busy_ms": _round(self.busy_ms),
-            "idle_ms": _round(self.idle_ms),
-            "waited_for": [w.to_json() for w in self.waited_for],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class RoleTimeline:
-    """A role's lanes in one step, in rank-time (summed over its ``ranks`` lanes)."""
-
-    role: str
-    ranks: int
-    busy_ms: float
-    idle_ms: float
-    waited_for: tuple[TimeShare, ...]  # by (role, stage) of the cause; rank None; largest first
-
-    @property
-    def idle_pct(self) -> float:
-        total = self.busy_ms + self.idle_ms
-        return 100.0 * self.idle_ms / total if total > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "ranks": self.ranks,
-            "busy_ms": _round(self.busy_ms),
-            "idle_ms": _round(self.idle_ms),
-            "idle_pct": round(self.idle_pct, 2),
-            "waited_for": [{"role": w.role, "stage": w.stage, "ms": _round(w.ms)} for w in self.waited_for],
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class StepTimeline:
-    """One step across all lanes."""
-
-    step: int
-    wall_ms: float
-    critical_path: tuple[TimeShare, ...]  # in time order; sums to wall_ms; empty when clocks are not aligned
-    roles: Mapping[str, RoleTimeline]
-    ranks: tuple[RankTimeline, ...]  # by (role, rank)
-    generation_ms: float
-
-    @property
-    def generation_pct(self) -> float:
-        return 100.0 * self.generation_ms / self.wall_ms if self.wall_ms > 0 else 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "wall_ms": _round(self.wall_ms),
-            "critical_path": [p.to_json() for p in self.critical_path],
-            "roles": {name: role.to_json() for name, role in sorted(self.roles.items())},
-            "ranks": [r.to_json() for r in self.ranks],
-            "generation_ms": _round(self.generation_ms),
-            "generation_pct": round(self.generation_pct, 2),
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One sentence with its numbers; ``lost_ms`` is per step, averaged over the analysed steps."""
-
-    kind: str  # "straggler" | "bubble" | "dominant_stage" | "slow_step"
-    text: str
-    lost_ms: float
-    role: str | None
-    stage: str | None
-    rank: int | None
-    steps: tuple[int, ...]
-    waiting_for: tuple[str, str] | None = None  # a bubble's main cause: (role, stage)
-
-    def to_json(self) -> dict[str, Any]:
-        cause = self.waiting_for
-        return {
-            "kind": self.kind,
-            "text": self.text,
-            "lost_ms": _round(self.lost_ms),
-            "role": self.role,
-            "stage": self.stage,
-            "rank": self.rank,
-            "steps": list(self.steps),
-            "waiting_for": None if cause is None else {"role": cause[0], "stage": cause[1]},
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ClockInfo:
-    aligned: bool
-    max_uncertainty_ms: float | None  # None when not aligned
-    note: str | None  # why waits and critical paths are missing, when they are
-
-    def to_json(self) -> dict[str, Any]:
-        return {"aligned": self.aligned, "max_uncertainty_ms": self.max_uncertainty_ms, "note": self.note}
-
-
-@dataclass(frozen=True, slots=True)
-class TimelineReport:
-    clock: ClockInfo
-    steps: tuple[StepTimeline, ...]  # by step
-    findings: tuple[Finding, ...]  # largest lost_ms first
-    skipped_spans: int  # spans that end before they start, or of an unknown kind
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "timeline": {
-                "clock": self.clock.to_json(),
-                "steps": [s.to_json() for s in self.steps],
-                "skipped_spans": self.skipped_spans,
-            },
-            "findings": [f.to_json() for f in self.findings],
-        }
-
-
-def findings_text(report: TimelineReport, limit: int = 5) -> list[str]:
-    """The first ``limit`` findings' sentences, largest loss first."""
-    return [f.text for f in report.findings[:limit]]
 
 
 # --------------------------------------------------------------------------- one step

@@ -32,24 +32,31 @@ from instrument.analyze.render._tables import (
     summary,
     table_rows,
 )
+from instrument.analyze.render._timeline import STEP_HEADERS, findings_lines, step_rows
 
 __all__ = ["render_text"]
 
 
 def render_text(report: Report, *, width: int | None = None, color: bool = False) -> str:
-    """The stage table with a short summary under it, then the GPU table when there is GPU work and the
-    memory files when there are any: ``rich`` at ``width`` columns (160 when ``None``), coloured only with
-    ``color``; plain text without ``rich``."""
+    """The findings and the per-step table when the run has a timeline, the stage table with a short summary
+    under it, then the GPU table when there is GPU work and the memory files when there are any: ``rich`` at
+    ``width`` columns (160 when ``None``), coloured only with ``color``; plain text without ``rich``."""
     columns = headers(report)
     rows = table_rows(report)
     headline, legend, notes = summary(report)
     gpu = gpu_rows(report)
+    findings = findings_lines(report)
+    steps = [tuple(row) for row in step_rows(report)]
     try:
         from rich.console import Console
         from rich.table import Table
         from rich.text import Text
     except ImportError:
         text = _plain(columns, rows, [headline, *legend])
+        if steps:
+            text = "Steps\n" + _plain(STEP_HEADERS, steps, []) + "\n\n" + text
+        if findings:
+            text = "Findings\n" + "\n".join(findings) + "\n\n" + text
         if gpu:
             text += "\n\nGPU time per rank\n" + _plain(GPU_HEADERS, gpu, [GPU_LEGEND]) + _plain_gpu_details(report)
         if report.memory:
@@ -77,6 +84,7 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
         color_system="standard" if color else None,
         highlight=False,
     )
+    _print_timeline(console, findings, steps)
     console.print(table)
     for line in (headline, *legend):
         console.print(line, markup=False)
@@ -94,6 +102,26 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
     for line in notes:
         console.print(line, markup=False)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ...]]) -> None:
+    """The findings, then the per-step table, on a rich console (nothing without a timeline)."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if findings:
+        console.print("Findings", style="bold")
+        for line in findings:
+            console.print(line, markup=False)
+        console.print()
+    if steps:
+        per_step = Table(title="Steps", title_justify="left", header_style="bold")
+        for header in STEP_HEADERS:
+            per_step.add_column(header, justify="right" if header in ("step", "wall ms") else "left", overflow="fold")
+        for row in steps:
+            per_step.add_row(*(Text(cell) for cell in row))
+        console.print(per_step)
+        console.print()
 
 
 def _plain(columns: Sequence[str], rows: Sequence[tuple[str, ...]], footer: list[str]) -> str:
