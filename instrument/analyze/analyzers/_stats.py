@@ -5,9 +5,10 @@ Ranks are judged by work when a trace says what work is (time outside CPU-side w
 an engine's execution time), else by wall time: a rank waiting in a barrier for a slow peer has as
 long a wall time as the peer, so wall time would name a waiter.
 
-A straggler is named only above a floor: a stage under :data:`STRAGGLER_MIN_MS` (timer noise and
-scheduling jitter are a good part of it) or under :data:`STRAGGLER_MIN_SHARE` of its step (whatever its
-ranks do, it costs the step little) names none. The stages are ordered by the time they lose: the
+A straggler is named only above a floor: a stage whose slowest rank takes under :data:`STRAGGLER_MIN_MS`
+(timer noise and scheduling jitter are a good part of it) or under :data:`STRAGGLER_MIN_SHARE` of its step
+(whatever its ranks do, it holds the step up little) names none. The slowest rank, not the median: a
+stage of 0.1 ms that one rank takes 500 ms over is a straggler worth naming. The stages are ordered by the time they lose: the
 straggler's excess over the median, times the ranks that waited for it (:attr:`StageStats.lost_ms`).
 """
 
@@ -23,19 +24,19 @@ __all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_SHARE", "US_PER_MS", "across", "co
 
 US_PER_MS = 1000.0
 STRAGGLER_MIN_MS = 5.0
-"""Median wall time under which a stage names no straggler: "a few ms", where timer noise and jitter rule."""
+"""The slowest rank's wall time under which a stage names no straggler: "a few ms", where noise and jitter rule."""
 STRAGGLER_MIN_SHARE = 0.01
-"""Share of its step under which a stage names no straggler."""
+"""Share of its step (the slowest rank's wall time over the step's) under which a stage names no straggler."""
 
 
 def _median(values: list[float]) -> float:
     return float(statistics.median(values)) if values else 0.0
 
 
-def _below_floor(median_ms: float, step_ms: float | None) -> str | None:
-    if median_ms < STRAGGLER_MIN_MS:
+def _below_floor(longest_ms: float, step_ms: float | None) -> str | None:
+    if longest_ms < STRAGGLER_MIN_MS:
         return f"under {STRAGGLER_MIN_MS:g} ms"
-    if step_ms is not None and median_ms < STRAGGLER_MIN_SHARE * step_ms:
+    if step_ms is not None and longest_ms < STRAGGLER_MIN_SHARE * step_ms:
         return f"under {100 * STRAGGLER_MIN_SHARE:g}% of its step ({step_ms:,.1f} ms)"
     return None
 
@@ -55,7 +56,7 @@ def across(members: list[RankStats], step_ms: float | None = None) -> StageStats
     slowest = max(members, key=lambda r: r.judged_ms)  # max keeps the first of equals: the lowest rank
     by_work = any(r.work_ms is not None for r in members)
     kernels = [r.kernel_ms for r in members if r.kernel_ms is not None]
-    floor = _below_floor(median, step_ms)
+    floor = _below_floor(max(walls), step_ms)
     first = members[0]
     return StageStats(
         step=first.step,

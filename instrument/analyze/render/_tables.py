@@ -328,8 +328,8 @@ def summary(report: Report) -> tuple[str, list[str], list[str]]:
         legend.append(f"slowest: the straggler rank, max/med: its time over the median ({ratio});")
         legend.append(
             f"lost ms: the straggler's excess over the median times the ranks that waited for it (rows in this"
-            f" order); no straggler (-) for a stage under {STRAGGLER_MIN_MS:g} ms or under"
-            f" {100 * STRAGGLER_MIN_SHARE:g}% of its step;"
+            f" order); no straggler (-) where the slowest rank takes under {STRAGGLER_MIN_MS:g} ms or under"
+            f" {100 * STRAGGLER_MIN_SHARE:g}% of the step;"
         )
     if by_work:
         # a rank waiting in a barrier for a slow peer has as long a wall time as the peer: say how we judged
