@@ -21,6 +21,7 @@ from instrument.analyze.analyzers._timeline import (
     IDLE,
     UNALIGNED_NOTE,
     UNATTRIBUTED,
+    WAIT_TOLERANCE_NS,
     analyze_timeline,
 )
 from instrument.timeline import Span
@@ -198,8 +199,9 @@ def test_unaligned_clocks_keep_to_durations() -> None:
 
 
 def test_a_handoff_later_than_the_tolerance_is_unattributed() -> None:
-    near = analyze_timeline(disaggregated(steps=1, handoff_ms=4), aligned=True)
-    far = analyze_timeline(disaggregated(steps=1, handoff_ms=50), aligned=True)
+    tolerance_ms = WAIT_TOLERANCE_NS / MS
+    near = analyze_timeline(disaggregated(steps=1, handoff_ms=0.8 * tolerance_ms), aligned=True)
+    far = analyze_timeline(disaggregated(steps=1, handoff_ms=4 * tolerance_ms), aligned=True)
     assert by_rank(near)[0].waited_for[0].rank == 7
     [wait] = by_rank(far)[0].waited_for
     assert (wait.role, wait.stage, wait.rank) == (None, UNATTRIBUTED, None)

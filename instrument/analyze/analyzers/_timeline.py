@@ -107,7 +107,7 @@ __all__ = [
 ]
 
 NS_PER_MS = 1_000_000
-WAIT_TOLERANCE_NS = 5_000_000  # a collective's release, an RPC or a Ray object fetch on a busy host
+WAIT_TOLERANCE_NS = 50_000_000  # a collective's release, an RPC or a Ray object fetch, on a busy host
 STRAGGLER_RATIO = 1.2  # below it, run-to-run noise of equal work
 FLOOR_MS = 2.0  # below it a stage is timer noise: never a straggler, never a bubble
 FLOOR_SHARE = 0.01  # a stage under 1% of its step is not worth a straggler finding
