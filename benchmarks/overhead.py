@@ -1,13 +1,17 @@
 """What instrument costs the training loop, measured side by side in one run.
 
 Prints, for this machine:
-  1. unprofiled step or rank: the added cost of ``@profiled_stage`` next to a plain
+  1. unprofiled step or rank, ``timeline=False``: the added cost of ``@profiled_stage`` next to a plain
      ``functools.wraps`` closure (goal: <= 1.5x), and ``profile_window`` (goal: <= 1.5x that closure);
      ``wrapt`` and ``torch.profiler.record_function`` for reference;
+     1b. the same with the step timeline on (the default), next to a closure that reads the clock twice
+     and appends to a list (goal: <= 1.5x);
   2. profiled (continuous) step: one stage against a closure around the same ``_RecordFunctionFast``
      range (goal: <= 1.2x);
   3. training-thread time per saved window against ``export_chrome_trace("x.json.gz")``
-     on the same trace (goal: <= 1/5).
+     on the same trace (goal: <= 1/5);
+  4. a stage range, now a user annotation, in µs (goal: <= 10 µs per stage), against the former
+     ``_RecordFunctionFast`` range (a ``cpu_op``) and the other ways torch writes a range.
 
 Run: ``.venv/bin/python benchmarks/overhead.py``. Numbers are best-of-7 medians of many calls;
 nothing here is asserted in tests.
@@ -61,7 +65,8 @@ def wrapt_passthrough(wrapped: Callable[..., Any], instance: Any, args: Any, kwa
 def unprofiled_costs() -> dict[str, float]:
     """Per-call nanoseconds with profiling off (configured, step not profiled on this rank)."""
     with tempfile.TemporaryDirectory() as save:
-        ins.configure(ins.ProfilerConfig(save_path=save, steps=(999,)), role="actor", rank=0, world_size=1)
+        config = ins.ProfilerConfig(save_path=save, steps=(999,), timeline=False)
+        ins.configure(config, role="actor", rank=0, world_size=1)
         staged = ins.profiled_stage("update_actor")(target)
         wrapped = plain_wrapper(target)
         wrapt_wrapped = wrapt_passthrough(target)
@@ -87,11 +92,63 @@ def unprofiled_costs() -> dict[str, float]:
     return costs
 
 
-def _in_turns(candidates: dict[str, Callable[[], Any]], rounds: int = 15, number: int = 20_000) -> dict[str, float]:
+def timeline_costs() -> dict[str, float]:
+    """Per-call nanoseconds with the step timeline on (the default), on an unprofiled step.
+
+    The floor is what any span recorder must do: a ``functools.wraps`` closure that reads the clock
+    twice and appends to a list. Both queues are emptied between turns, as the writer thread empties
+    ours at each step's end, so neither grows through the measurement.
+    """
+    spans: list[tuple[Any, ...]] = []
+
+    def clock_closure(func: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(func)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter_ns()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                spans.append((started, time.perf_counter_ns()))
+
+        return wrapper
+
+    with tempfile.TemporaryDirectory() as save:
+        ins.configure(ins.ProfilerConfig(save_path=save, steps=(999,)), role="actor", rank=0, world_size=1)
+        staged = ins.profiled_stage("update_actor")(target)
+        floor = clock_closure(target)
+
+        def emptied() -> None:
+            spans.clear()
+            if STATE.spans is not None:
+                STATE.spans.clear()
+
+        with ins.profile_step(1):
+            costs = _in_turns(
+                {
+                    "bare call": lambda: target(1),
+                    "closure: 2 clock reads + list append": lambda: floor(1),
+                    "@profiled_stage (timeline on)": lambda: staged(1),
+                },
+                between=emptied,
+            )
+        bare = costs.pop("bare call")
+        costs = {name: value - bare for name, value in costs.items()}
+        instrument.testing.reset()
+    return costs
+
+
+def _in_turns(
+    candidates: dict[str, Callable[[], Any]],
+    rounds: int = 15,
+    number: int = 20_000,
+    between: Callable[[], None] | None = None,
+) -> dict[str, float]:
     """Per-call nanoseconds of each candidate: best of ``rounds`` turns, every candidate once per turn."""
     best = dict.fromkeys(candidates, float("inf"))
     for _ in range(rounds):
         for name, fn in candidates.items():
+            if between is not None:
+                between()
             best[name] = min(best[name], timeit.timeit(fn, number=number) / number * 1e9)
     return best
 
@@ -138,6 +195,54 @@ def profiled_range_cost() -> dict[str, float]:
         instrument.testing.reset()
     bare = best.pop("bare")
     return {name: ns - (0 if name == "_RecordFunctionFast alone" else bare) for name, ns in best.items()}
+
+
+def annotation_range_costs() -> dict[str, float]:
+    """Per-range nanoseconds, profiler running (continuous step): the stage's user-annotation range
+    against the other ways torch writes a range; in turns, like :func:`profiled_range_cost`."""
+    from torch._C._profiler import _RecordFunctionFast
+
+    enter, leave = (
+        torch._C._autograd._record_function_with_args_enter,
+        torch._C._autograd._record_function_with_args_exit,
+    )
+    ops_enter = torch.ops.profiler._record_function_enter_new
+    ops_exit = torch.ops.profiler._record_function_exit._RecordFunction
+
+    @functools.wraps(target)
+    def old_closure(*args: Any, **kwargs: Any) -> Any:  # what a stage cost before: a closure around this range
+        with _RecordFunctionFast("stage"):
+            return target(*args, **kwargs)
+
+    def fast() -> None:
+        with _RecordFunctionFast("x"):
+            pass
+
+    def record_function() -> None:
+        with torch.profiler.record_function("x"):
+            pass
+
+    with tempfile.TemporaryDirectory() as save:
+        cfg = ins.ProfilerConfig(save_path=save, contents=("cpu",), steps=(1,), discrete=False)
+        ins.configure(cfg, role="actor", rank=0, world_size=1)
+        staged = ins.profiled_stage("stage")(target)
+        candidates: dict[str, Callable[[], Any]] = {
+            "bare": lambda: target(1),
+            "@profiled_stage (user_annotation)": lambda: staged(1),
+            "closure around _RecordFunctionFast": lambda: old_closure(1),
+            "pair enter/exit alone (user_annotation)": lambda: leave(enter("x")),
+            "_RecordFunctionFast alone (cpu_op)": fast,
+            "ops _record_function_enter_new/exit": lambda: ops_exit(ops_enter("x", None)),
+            "record_function (user_annotation)": record_function,
+        }
+        with ins.profile_step(1):
+            assert STATE.recording
+            best = _in_turns(candidates, rounds=9, number=3_000)
+        instrument.testing.reset()
+    bare = best.pop("bare")
+    for name in ("@profiled_stage (user_annotation)", "closure around _RecordFunctionFast"):
+        best[name] -= bare
+    return best
 
 
 def export_costs() -> dict[str, float]:
@@ -205,8 +310,10 @@ def export_costs() -> dict[str, float]:
 def main() -> None:
     logging.getLogger("instrument").setLevel(logging.ERROR)
     off = unprofiled_costs()
+    timeline = timeline_costs()
     on = profiled_range_cost()
     export = export_costs()
+    annotation = annotation_range_costs()
     print("1. unprofiled step or rank (added ns per call)")
     for name, value in off.items():
         print(f"   {name:40s} {value:8.0f} ns")
@@ -214,6 +321,11 @@ def main() -> None:
     print(f"   ratio @profiled_stage / functools.wraps closure = {ratio:.2f}   (goal <= 1.5)")
     window_ratio = off["profile_window (off)"] / off["functools.wraps closure"]
     print(f"   ratio profile_window (off) / functools.wraps closure = {window_ratio:.2f}   (goal <= 1.5)")
+    print("1b. unprofiled step, step timeline on (the default; added ns per call)")
+    for name, value in timeline.items():
+        print(f"   {name:40s} {value:8.0f} ns")
+    timeline_ratio = timeline["@profiled_stage (timeline on)"] / timeline["closure: 2 clock reads + list append"]
+    print(f"   ratio @profiled_stage / closure with 2 clock reads + append = {timeline_ratio:.2f}   (goal <= 1.5)")
     print("2. profiled step (ns per stage)")
     for name, value in on.items():
         print(f"   {name:40s} {value:8.0f} ns")
@@ -228,6 +340,14 @@ def main() -> None:
     print(f"   trace size                               {export['trace size (MB, gzip level 1)']:8.2f} MB gz")
     print(f"   ratio our export / torch gzip export = {handler / theirs:.3f}   (goal <= 0.2)")
     print(f"   ratio incl. kineto's stop            = {ours / theirs:.3f}   (stop is paid by any torch.profiler use)")
+    print("4. a stage range as a user annotation (profiled continuous step; µs per range)")
+    for name, value in annotation.items():
+        print(f"   {name:40s} {value / 1e3:8.2f} µs")
+    stage, before = annotation["@profiled_stage (user_annotation)"], annotation["closure around _RecordFunctionFast"]
+    pair, fast = annotation["pair enter/exit alone (user_annotation)"], annotation["_RecordFunctionFast alone (cpu_op)"]
+    print(f"   @profiled_stage per stage = {stage / 1e3:.2f} µs   (goal <= 10)")
+    print(f"   ratio @profiled_stage / closure around _RecordFunctionFast (before) = {stage / before:.2f}")
+    print(f"   ratio pair alone / _RecordFunctionFast alone = {pair / fast:.2f}")
 
 
 if __name__ == "__main__":

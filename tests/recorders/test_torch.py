@@ -275,6 +275,25 @@ def test_continuous_steps_record_every_call_and_window_through_the_fast_path(tmp
     assert len({e["tid"] for e in events if e["name"] == "update_actor"}) == 2
 
 
+@pytest.mark.parametrize("discrete", [True, False], ids=["discrete", "continuous"])
+def test_stage_and_mini_batch_ranges_are_user_annotations(tmp_path: Path, discrete: bool) -> None:
+    """As record_function writes them: HTA, TensorBoard and Perfetto read them as annotations."""
+    cfg = _cfg(tmp_path, steps=(1,), discrete=discrete)
+    ins.configure(cfg, role="actor", rank=0, world_size=1)
+    worker = Worker()
+    with ins.profile_step(1):
+        for _ in range(2):  # on a continuous step the second calls open their ranges themselves (the fast path)
+            worker.compute_log_prob()
+            worker.update_actor(2)
+    wanted = ("compute_log_prob", "update_actor", "mini_batch0", "mini_batch1")
+    categories: dict[str, set[str]] = {}
+    for path in ins.finish():
+        for event in load_trace(path)["traceEvents"]:
+            if event.get("ph") == "X" and event["name"] in wanted:
+                categories.setdefault(event["name"], set()).add(event["cat"])
+    assert categories == {name: {"user_annotation"} for name in wanted}
+
+
 def test_memory_contents_record_memory_events(tmp_path: Path) -> None:
     """``profile_all_threads`` silences torch's [memory] events: it is left off when memory is asked for."""
     cfg = ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu", "memory"), steps=(1,))
