@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any, final
 
+from instrument.manifest import TraceRecord
+
 __all__ = ["RunInfo"]
 
 
@@ -52,6 +54,22 @@ class RunInfo:
     def profiles(self, step: int) -> bool:
         """Whether this process records RL step ``step`` as configured (triggers aside)."""
         return bool(self._session.profiles(step))
+
+    def records_step(self, step: int) -> bool:
+        """Whether step ``step`` is recorded here: the open step's answer (triggers included), else :meth:`profiles`.
+
+        What a :class:`~instrument.rollout.RolloutProfiler` in this process is given as ``profiles_step=``.
+        """
+        session = self._session
+        return bool(session.step_profiled) if session.step == step else bool(session.profiles(step))
+
+    def publish(self, record: TraceRecord) -> None:
+        """List a complete file of ``save_path`` in this run's manifest and :attr:`files` (any thread).
+
+        What a :class:`~instrument.rollout.RolloutProfiler` in this process is given as ``publish=``, so
+        relocated engine traces are listed with the run's own.
+        """
+        self._session.publish(record)
 
     @property
     def step(self) -> int | None:

@@ -14,7 +14,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,6 @@ import pytest
 
 import instrument as ins
 from instrument.manifest import MANIFEST_GLOB, Manifest, read_manifests
-from instrument.recorders import Publish
 from instrument.rollout import (
     EngineDriver,
     RelocationResult,
@@ -33,7 +32,6 @@ from instrument.rollout import (
     vllm,
 )
 from instrument.rollout.vllm import HttpEngineDriver, InProcessEngineDriver
-from instrument.run._state import STATE
 
 
 class _Engine:
@@ -66,24 +64,6 @@ def _profiler(tmp_path: Path, engine_kw: dict[str, bool] | None = None, **wiring
     if not {"publish", "manifest"} & set(wiring):
         wiring["manifest"] = Manifest(cfg.save_path)
     return RolloutProfiler(cfg, driver, rank=0, world_size=1, gpus_per_replica=1, profiler_base=base, **wiring)
-
-
-def _run_wiring(config: ins.ProfilerConfig) -> tuple[Publish, Callable[[int], bool]]:
-    """What the run hands a rollout profiler in a configured process: its ``publish`` (one manifest, and
-    ``finish()`` returns the files) and its answer for the open step (triggers and SIGUSR1 included).
-
-    A stand-in, built here from the private session, for the function the run package is to expose
-    (``RunInfo.publish`` / ``RunInfo.records``): swap it in when it exists.
-    """
-    session = STATE.session
-    assert session is not None, "configure() first"
-    run = ins.current_run()
-    assert run is not None
-
-    def profiles_step(step: int) -> bool:
-        return run.step_profiled if run.step == step else config.profiles_step(step)
-
-    return session.publish, profiles_step
 
 
 def _relocate(tmp_path: Path, names: list[str], **overrides: Any) -> RelocationResult:
@@ -156,8 +136,7 @@ def test_in_a_configured_process_engine_traces_join_the_runs_manifest(tmp_path: 
     """The run's publish lists them: one manifest for the process, and finish() returns them."""
     cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(1,))
     run = ins.configure(cfg, role="rollout", rank=0)
-    publish, profiles_step = _run_wiring(cfg)
-    profiler = _profiler(tmp_path, publish=publish, profiles_step=profiles_step)
+    profiler = _profiler(tmp_path, publish=run.publish, profiles_step=run.records_step)
     assert profiler.start(1)
     [record] = profiler.stop(1)
     assert [Path(f).name for f in ins.finish()] == [record.path]
@@ -167,9 +146,8 @@ def test_in_a_configured_process_engine_traces_join_the_runs_manifest(tmp_path: 
 def test_the_run_decides_which_steps_the_engine_records(tmp_path: Path) -> None:
     """A step the run profiles on demand (here: SIGUSR1's flag) is recorded by the engine too."""
     cfg = ins.ProfilerConfig(save_path=str(tmp_path / "save"), steps=(3,), on_demand=True)
-    ins.configure(cfg, role="rollout", rank=0)
-    publish, profiles_step = _run_wiring(cfg)
-    profiler = _profiler(tmp_path, publish=publish, profiles_step=profiles_step)  # its own config: steps 1-3
+    run = ins.configure(cfg, role="rollout", rank=0)
+    profiler = _profiler(tmp_path, publish=run.publish, profiles_step=run.records_step)  # its own config: steps 1-3
     with ins.profile_step(1):
         assert not profiler.start(1)  # the run does not profile step 1
     os.kill(os.getpid(), signal.SIGUSR1)  # profile the next step
