@@ -108,15 +108,25 @@ def replicas_to_drive(ranks: Iterable[int], all_ranks: bool, world_size: int, gp
 
 
 def ranks_to_keep(
-    replica: int, ranks: Iterable[int], all_ranks: bool, world_size: int, gpus_per_replica: int
+    replica: int,
+    ranks: Iterable[int],
+    all_ranks: bool,
+    world_size: int,
+    gpus_per_replica: int,
+    *,
+    peers: bool = False,
 ) -> frozenset[int]:
-    """The selected global ranks of ``replica``: traces of its other workers (TP peers) are dropped."""
+    """The selected global ranks of ``replica``: traces of its other workers (TP peers) are dropped.
+
+    With ``peers``, a replica holding a selected rank keeps every rank's traces (its peers included).
+    """
     _check_world(world_size, gpus_per_replica)
     _check_rank(replica, world_size // gpus_per_replica, "replica")
     first = replica * gpus_per_replica
     members = range(first, first + gpus_per_replica)
     selected = set(profiled_ranks(ranks, all_ranks, world_size))
-    return frozenset(rank for rank in members if rank in selected)
+    kept = frozenset(rank for rank in members if rank in selected)
+    return frozenset(members) if peers and kept else kept
 
 
 class LocalRankParser(Protocol):

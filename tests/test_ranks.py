@@ -94,6 +94,24 @@ def test_kept_ranks_of_driven_replicas_are_the_profiled_ranks(case: tuple[list[i
             assert not ranks_to_keep(replica, ranks, all_ranks, world_size, gpus_per_replica)
 
 
+@given(selections())
+def test_with_peers_a_driven_replica_keeps_every_rank_and_no_other_replica_any(
+    case: tuple[list[int], bool, int, int],
+) -> None:
+    ranks, all_ranks, world_size, gpus_per_replica = case
+    driven = replicas_to_drive(ranks, all_ranks, world_size, gpus_per_replica)
+    for replica in range(world_size // gpus_per_replica):
+        kept = ranks_to_keep(replica, ranks, all_ranks, world_size, gpus_per_replica, peers=True)
+        members = range(replica * gpus_per_replica, (replica + 1) * gpus_per_replica)
+        assert kept == (frozenset(members) if replica in driven else frozenset())
+
+
+def test_peers_keep_the_tp_peer_of_a_named_rank() -> None:
+    assert ranks_to_keep(0, (0,), False, 8, 2) == frozenset({0})
+    assert ranks_to_keep(0, (0,), False, 8, 2, peers=True) == frozenset({0, 1})
+    assert ranks_to_keep(1, (0,), False, 8, 2, peers=True) == frozenset()
+
+
 def test_out_of_range_rank_is_named() -> None:
     with pytest.raises(ValueError, match=r"rank 9\b.*8 ranks"):
         replicas_to_drive((0, 9), False, 8, 2)

@@ -15,6 +15,7 @@ from instrument import recorders
 
 __all__ = [
     "CONTENTS",
+    "DIALECTS",
     "HOOK_OUTPUTS",
     "TOOLS",
     "boolean",
@@ -41,6 +42,9 @@ CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
 
 HOOK_OUTPUTS = ("stderr", "log")
 """Allowed values of ``FinishHook.output``: the hook's lines on stderr, or in the log only."""
+
+DIALECTS = ("instrument", "verl")
+"""Allowed values of ``ProfilerConfig.dialect``: instrument's own rules, or verl 0.9.1's."""
 
 
 # --------------------------------------------------------------------------- validators

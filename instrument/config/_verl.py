@@ -15,7 +15,8 @@ together, so the order of distinct keys never changes the result.  A role's view
 looks a key up in its own section, then (rollout only, as verl's shipped
 interpolations do) the actor's, then the bare section, then ``global_profiler``.
 A configuration written in verl's keys takes verl's defaults (:data:`VERL_DEFAULTS`)
-for what it leaves out; a null verl value means that default.  Only the selected
+for what it leaves out (a null verl value means that default) and ``dialect="verl"``: verl's rules
+where verl and instrument differ (continuous mode's schedule, the rollout engines, the hook).  Only the selected
 tool's settings apply.  ``_target_`` keys and tool-config ``name`` keys are ignored.
 """
 
@@ -405,7 +406,8 @@ class _View:
                 "verl 'tool' must be one of null, 'nsys', 'torch', 'torch_memory' to move over (npu and "
                 f"precision_debugger have no counterpart here): {tool!r}"
             )
-        out: list[tuple[str, Any]] = [("tool", _TOOLS[tool])]
+        # verl's rules where they differ from instrument's (continuous schedule, rollout engines, the hook)
+        out: list[tuple[str, Any]] = [("dialect", "verl"), ("tool", _TOOLS[tool])]
         selected = native.get("tool", _TOOLS[tool])
         steps = self.value("steps")
         if "steps" not in native and (steps is None or (_is_list(steps) and not steps)):
@@ -415,8 +417,11 @@ class _View:
         for name in ("all_ranks", "save_path", "relocate_results"):
             out.append((name, self.value(name)))
         ranks = self.value("ranks")
-        # verl profiles rank 0 when ranks is empty and all_ranks is false.
-        out.append(("ranks", [0] if _is_list(ranks) and not ranks else ranks))
+        unnamed = _is_list(ranks) and not ranks
+        # verl profiles rank 0 when ranks is empty and all_ranks is false, and its rollout then keeps
+        # every trace of replica 0 (rollout_profiler_global_ranks: no rank named keeps all).
+        out.append(("ranks", [0] if unnamed else ranks))
+        out.append(("keep_engine_peers", unnamed and "ranks" not in native))
         out.append(("discrete", False))  # verl's mode for a tool without a discrete setting (torch_memory)
         if selected == "torch":
             out += self._torch(native)

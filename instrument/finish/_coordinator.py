@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import threading
@@ -12,6 +13,8 @@ from instrument.config import ProfilerConfig
 from instrument.finish._hook import hook_environment, run_finish_hook
 
 __all__ = ["PEER_TIMEOUT_S", "FinishCoordinator"]
+
+logger = logging.getLogger(__name__)
 
 PEER_TIMEOUT_S = 120.0
 """How long ranks wait for each other before the finish hook runs anyway."""
@@ -33,6 +36,9 @@ class FinishCoordinator:
         self.role, self.rank, self.world_size = role, rank, world_size
         self.ran = False
         self.automatic = True  # False when a controller decides when and where the hook runs
+        # verl 0.9.1's rollout servers never run the finish command: the training workers' run uploads the
+        # same save_path. In verl's dialect the rollout role still meets its peers, then leaves the hook to them.
+        self.declined = config.dialect == "verl" and role == "rollout"
         self._fail = fail
         self._lock = threading.Lock()
 
@@ -56,13 +62,21 @@ class FinishCoordinator:
             self._fail("ranks did not meet before the finish hook", exc)
 
     def run(self, *, steps: Sequence[int], manifest: str, wait_for_exports: Callable[[], None]) -> None:
-        """Run the finish command once, if this rank is one of its ranks, after ``wait_for_exports()``."""
+        """Run the finish command once, if this rank is one of its ranks, after ``wait_for_exports()``.
+
+        Never on a ``rollout`` process in verl's dialect (``config.dialect``), as verl's rollout servers.
+        """
         hook = self.config.finish_hook
         with self._lock:
             if self.ran or hook is None or not self.config.active:
                 return
             self.ran = True
         if not (hook.all_ranks or self.rank in hook.ranks):
+            return
+        if self.declined:
+            logger.info(
+                "instrument: rank %d (role rollout) leaves the finish hook to the other roles, as verl", self.rank
+            )
             return
         wait_for_exports()
         try:

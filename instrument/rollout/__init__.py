@@ -31,9 +31,11 @@ from instrument.rollout._profiler import (
     NotProfilingError,
     RelocationResult,
     RolloutProfiler,
+    engine_ranks_to_keep,
     engine_to_drive,
     relocate_engine_traces,
     replica_profiler_dir,
+    verl_declines,
 )
 
 __all__ = [
@@ -53,9 +55,11 @@ __all__ = [
     "engine_of",
     "engine_profile",
     "engine_profiles",
+    "engine_ranks_to_keep",
     "engine_to_drive",
     "register_engine",
     "relocate_engine_traces",
     "replica_profiler_dir",
     "unregister_engine",
+    "verl_declines",
 ]

@@ -30,7 +30,7 @@ from pathlib import Path
 from instrument import ranks
 from instrument.config import ProfilerConfig
 from instrument.recorders import Publish
-from instrument.rollout._profiler import relocate_engine_traces
+from instrument.rollout._profiler import engine_ranks_to_keep, relocate_engine_traces
 
 __all__ = [
     "MarkerStore",
@@ -169,9 +169,10 @@ def relocate_replicas(
     """Move what every replica under ``base`` wrote for ``step`` (since ``since_ns``) into ``save_path``.
 
     ``traces`` is the engine's grammar; each moved file's record goes to ``publish`` (``None``: no
-    manifest line). Ranks kept are the configuration's (``ranks`` / ``all_ranks``) among ``world_size`` global
-    ranks of ``gpus_per_replica`` each; a replica directory past ``world_size`` is reported, not
-    moved. Raises ``ValueError`` for bad numbers and ``OSError`` when ``base`` cannot be listed.
+    manifest line). Ranks kept are the configuration's (``ranks`` / ``all_ranks``; every rank of a driven
+    replica with ``keep_engine_peers``) among ``world_size`` global ranks of ``gpus_per_replica`` each; a
+    replica directory past ``world_size`` is reported, not moved. Raises ``ValueError`` for bad numbers and
+    ``OSError`` when ``base`` cannot be listed.
     """
     ranks.validate_ranks([0], world_size, field="world_size")
     if isinstance(gpus_per_replica, bool) or not isinstance(gpus_per_replica, int) or gpus_per_replica < 1:
@@ -189,7 +190,7 @@ def relocate_replicas(
                 f"(--gpus-per-replica {gpus_per_replica}); left in place"
             )
             continue
-        keep = ranks.ranks_to_keep(replica, config.ranks, config.all_ranks, world_size, gpus_per_replica)
+        keep = engine_ranks_to_keep(config, replica, world_size=world_size, gpus_per_replica=gpus_per_replica)
         result = relocate_engine_traces(
             directory,
             save_path=save_path,

@@ -35,9 +35,11 @@ __all__ = [
     "NotProfilingError",
     "RelocationResult",
     "RolloutProfiler",
+    "engine_ranks_to_keep",
     "engine_to_drive",
     "relocate_engine_traces",
     "replica_profiler_dir",
+    "verl_declines",
 ]
 
 logger = logging.getLogger(__name__)
@@ -106,16 +108,41 @@ def replica_profiler_dir(base: str | os.PathLike[str], replica: int) -> str:
     return os.path.join(os.path.abspath(base), f"replica{replica}")
 
 
+def verl_declines(config: ProfilerConfig) -> str | None:
+    """Why verl 0.9.1's rollout server would not drive its engine under ``config``, or ``None``.
+
+    Only in verl's dialect (``config.dialect``): verl profiles an engine with the torch tool alone and
+    only in discrete mode (``_should_profile``); instrument's own keys drive it in either mode, any tool.
+    """
+    if config.dialect != "verl":
+        return None
+    if "torch" not in config.tool.split("+"):
+        return f"verl profiles rollout engines with the torch tool only, not {config.tool!r}"
+    if not config.discrete:
+        return "verl drives rollout engines in discrete mode only (discrete is false)"
+    return None
+
+
 def engine_to_drive(global_rank: int, *, gpus_per_replica: int, world_size: int, config: ProfilerConfig) -> int | None:
-    """The replica this rank drives, or ``None``: only a replica's local rank 0 drives it, and only
-    replicas holding a profiled rank are driven."""
-    if not config.active:
+    """The replica this rank drives, or ``None``: only a replica's local rank 0 drives it, only
+    replicas holding a profiled rank are driven, and in verl's dialect only as verl does
+    (:func:`verl_declines`)."""
+    if not config.active or verl_declines(config) is not None:
         return None
     replica = ranks.replica_of(global_rank, gpus_per_replica)
     if ranks.local_rank_of(global_rank, gpus_per_replica) != 0:
         return None
     driven = ranks.replicas_to_drive(config.ranks, config.all_ranks, world_size, gpus_per_replica)
     return replica if replica in driven else None
+
+
+def engine_ranks_to_keep(
+    config: ProfilerConfig, replica: int, *, world_size: int, gpus_per_replica: int
+) -> frozenset[int]:
+    """The global ranks of ``replica`` whose engine traces relocation keeps (all with ``keep_engine_peers``)."""
+    return ranks.ranks_to_keep(
+        replica, config.ranks, config.all_ranks, world_size, gpus_per_replica, peers=config.keep_engine_peers
+    )
 
 
 # --------------------------------------------------------------------------- relocation
@@ -315,6 +342,11 @@ class RolloutProfiler:
         self.gpus_per_replica = gpus_per_replica
         self.role = role
         self.replica = engine_to_drive(rank, gpus_per_replica=gpus_per_replica, world_size=world_size, config=config)
+        declined = verl_declines(config) if config.active else None
+        if declined is not None:
+            # verl warns about the tool and says nothing about the mode; one line each way here
+            log = logger.warning if "tool" in declined else logger.info
+            log("instrument: rollout rank %d does not profile its engine: %s (docs/rollout.md)", rank, declined)
         self.profiler_dir = None if self.replica is None else replica_profiler_dir(profiler_base, self.replica)
         self.publish = publish
         self.profiles_step = profiles_step or config.profiles_step
@@ -373,8 +405,8 @@ class RolloutProfiler:
         if not self.config.relocate_results:
             return []
         try:
-            keep = ranks.ranks_to_keep(
-                self.replica, self.config.ranks, self.config.all_ranks, self.world_size, self.gpus_per_replica
+            keep = engine_ranks_to_keep(
+                self.config, self.replica, world_size=self.world_size, gpus_per_replica=self.gpus_per_replica
             )
             result = relocate_engine_traces(
                 self.profiler_dir,

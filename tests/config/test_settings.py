@@ -384,6 +384,7 @@ def test_verl_settings_move_over_unchanged() -> None:
         relocate_results=False,  # verl's default
         # verl runs the hook on the profiled ranks when finish_hook_ranks is empty
         finish_hook=FinishHook(cmd="upload.sh", ranks=(0, 4)),
+        dialect="verl",  # verl's rules where the two differ
     )
 
 

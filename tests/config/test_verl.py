@@ -107,13 +107,19 @@ def test_verl_pr_example_role_paths_are_accepted() -> None:
         discrete=False,
         schedule=Schedule(warmup=1, active=2),
         finish_hook=FinishHook("upload.sh", ranks=(0,)),
+        dialect="verl",
     )
     # verl's fused worker reads the actor's section
     assert ProfilerConfig.from_overrides(overrides, role="actor_rollout_ref") == actor
     rollout = ProfilerConfig.from_overrides(overrides, role="rollout")
     # the rollout follows the actor's ranks and contents, has its own discrete and token window
     assert rollout == ProfilerConfig(
-        steps=(1, 2), save_path="/p", discrete=True, token_window=(12, 45), finish_hook=FinishHook("upload.sh")
+        steps=(1, 2),
+        save_path="/p",
+        discrete=True,
+        token_window=(12, 45),
+        finish_hook=FinishHook("upload.sh"),
+        dialect="verl",
     )
     assert not ProfilerConfig.from_overrides(overrides, role="ref").active
     assert not ProfilerConfig.from_overrides(overrides, role="critic").active
@@ -131,7 +137,7 @@ def test_role_sections_combine_as_a_union_without_a_role() -> None:
     }
     cfg = ProfilerConfig.from_dict(mapping)
     # verl's defaults for what the sections leave out: continuous, no relocation
-    verl = {"discrete": False, "relocate_results": False}
+    verl: dict[str, Any] = {"discrete": False, "relocate_results": False, "dialect": "verl"}
     assert cfg == ProfilerConfig(steps=(1, 3), ranks=(0, 4), **verl)
     assert ProfilerConfig.from_dict(mapping, role="critic") == ProfilerConfig(steps=(1, 3), ranks=(4,), **verl)
 
@@ -183,7 +189,12 @@ def test_omegaconf_interpolations_follow_verls_inheritance() -> None:
     }
     rollout = ProfilerConfig.from_dict(mapping, role="rollout")
     assert rollout == ProfilerConfig(
-        steps=(2,), ranks=(1,), discrete=False, relocate_results=False, finish_hook=FinishHook("up.sh", ranks=(1,))
+        steps=(2,),
+        ranks=(1,),
+        discrete=False,
+        relocate_results=False,
+        finish_hook=FinishHook("up.sh", ranks=(1,)),
+        dialect="verl",
     )
     # resolved within the document: a link to a key it does not hold takes the link's default
     del mapping[ACTOR]["finish_hook_cmd"]
