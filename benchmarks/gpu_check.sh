@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with a CUDA GPU whose Python already has torch (a CUDA build), and no
 # network, install instrument, run the tests marked `gpu`, profile a tiny CUDA training loop and
-# analyse its traces; print a summary. About 2-4 minutes; each part has its own time limit, 8 minutes
-# in all. CI never runs it (no GPU there).
+# analyse its traces, time the first profiled step against later ones; print a summary. About 3-6
+# minutes; each part has its own time limit, 12 minutes in all. CI never runs it (no GPU there).
 #
 #   bash benchmarks/gpu_check.sh                 # PYTHON=python3, WHEELS=wheels, OUT=outputs/gpu_check
 #   PYTHON=/opt/conda/bin/python WHEELS=/data/wheels bash benchmarks/gpu_check.sh
@@ -126,14 +126,18 @@ timeout 60 "$PY" -m instrument analyze "$OUT/profile" --no-png --quiet
 timeout 60 "$PY" -m instrument analyze "$OUT/profile" --no-png --quiet --json > "$OUT/analysis.json"
 analyze_rc=$?
 
+part "the first profiled step against later ones (benchmarks/first_step.py; goal <= 1.5)"
+timeout 240 "$PY" benchmarks/first_step.py --device cuda --repeats 3 2>&1 | grep -v '^USDT' | tee "$OUT/first_step.log"
+first_rc=${PIPESTATUS[0]}
+
 part "summary"
-"$PY" - "$OUT" "$tests_rc" "$loop_rc" "$analyze_rc" <<'EOF'
+"$PY" - "$OUT" "$tests_rc" "$loop_rc" "$analyze_rc" "$first_rc" <<'EOF'
 import json
 import re
 import sys
 from pathlib import Path
 
-out, tests_rc, loop_rc, analyze_rc = Path(sys.argv[1]), *map(int, sys.argv[2:])
+out, tests_rc, loop_rc, analyze_rc, first_rc = Path(sys.argv[1]), *map(int, sys.argv[2:])
 log = (out / "pytest.log").read_text(errors="replace") if (out / "pytest.log").exists() else ""
 counts = dict((word, int(n)) for n, word in re.findall(r"(\d+) (passed|failed|skipped|error)", log))
 print(f"tests marked gpu: exit {tests_rc}, {counts or 'no summary line'}")
@@ -156,7 +160,10 @@ for g in analysis["gpu"]:
             f"  rank {g['rank']} GPU: busy {g['busy_us'] / 1e3:.2f} ms of {g['span_us'] / 1e3:.2f} ms "
             f"(compute {g['compute_us'] / 1e3:.2f} ms, memory {g['memory_us'] / 1e3:.2f} ms)"
         )
-ok = ok and bool(rows) and len(with_kernels) == len(rows) and bool(analysis["gpu"])
+first = (out / "first_step.log").read_text(errors="replace") if (out / "first_step.log").exists() else ""
+ratios = re.findall(r"^\s+(discrete|continuous)\s+stage range\s+([\d.]+)", first, re.M)
+print(f"first profiled step: exit {first_rc}, stage range / later ones: " + (", ".join(f"{m} {r}" for m, r in ratios) or "none printed"))
+ok = ok and bool(rows) and len(with_kernels) == len(rows) and bool(analysis["gpu"]) and first_rc == 0 and bool(ratios)
 print("GPU CHECK", "PASSED" if ok else "FAILED", f"(logs and traces in {out})")
 sys.exit(0 if ok else 1)
 EOF
