@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "instrument"
-PURE_MODULES = ["schedule", "naming", "ranks", "_checks", "_warnings"]
+PURE_MODULES = ["schedule", "naming", "ranks", "timeline", "_checks", "_warnings"]
 HEAVY = ["torch", "nvtx", "vllm", "ray", "prometheus_client", "matplotlib", "yaml"]
 
 
