@@ -296,7 +296,7 @@ def _ours_summary(run: Run) -> str:
     if not isinstance(data, dict) or not isinstance(data.get("stages"), list):
         return f"JSON without a stages list ({type(data).__name__})"
     rows = data["stages"]
-    steps = sorted({row["step"] for row in rows})
+    steps = {row["step"] for row in rows}  # null: a row without a step
     stages = sorted({row["stage"] for row in rows})
     cells = sum(row["n_ranks"] for row in rows)
     lines = [
@@ -309,7 +309,8 @@ def _ours_summary(run: Run) -> str:
             if row["stage"] == stage:
                 named[row["straggler_rank"]] = named.get(row["straggler_rank"], 0) + 1
         top = sorted(named.items(), key=lambda item: -item[1])[:3]
-        lines.append(f"    {stage}: slowest rank (steps) " + ", ".join(f"{rank} ({n})" for rank, n in top))
+        said = ", ".join(f"{'none (under the floor)' if rank is None else rank} ({n})" for rank, n in top)
+        lines.append(f"    {stage}: slowest rank (steps) {said}")
     return "\n".join(lines)
 
 

@@ -182,6 +182,42 @@ def test_tensorboard_distributed_view_on_real_gpu_traces(tmp_path: Path, capsys:
     assert "distributed" in loaded["views"] and "kernel" in loaded["views"]
 
 
+_DISTRIBUTED = """
+import json, sys
+from torch_tb_profiler import io
+from torch_tb_profiler.profiler import RunLoader
+
+run = RunLoader(sys.argv[1], sys.argv[1], io.Cache()).load()
+every = run.profiles[("All", "1")]
+said = {"overlap": every.steps_to_overlap, "waittime": every.steps_to_wait, "commops": every.comm_ops}
+print("RESULT " + json.dumps({k: sorted(v["data"]) for k, v in said.items()}))
+"""
+
+
+@pytest.mark.slow
+def test_tensorboard_distributed_view_on_gloo_traces(tmp_path: Path) -> None:
+    """Real gloo ranks under the real profiler, CPU only: the export gets the plugin's distributed view."""
+    import torch.multiprocessing as mp
+
+    from tests.analyze.test_steps import _free_port, _profiled_rank
+
+    (tmp_path / "traces").mkdir()
+    spawn: Any = mp.spawn  # type: ignore[attr-defined,unused-ignore]
+    spawn(_profiled_rank, args=(2, str(tmp_path / "traces"), _free_port()), nprocs=2, join=True)
+    export = layout.export_layout(tmp_path / "traces", tmp_path / "tb", "tensorboard")
+    [folder] = export.folders
+    loaded = _tb_load([tmp_path / "tb" / folder])[str(tmp_path / "tb" / folder)]
+    assert "distributed" in loaded["views"] and ["All", "1", "DistributedRunProfile"] in loaded["profiles"]
+    env = {**os.environ, "TORCH_PROFILER_START_METHOD": "fork"}
+    done = subprocess.run(
+        [sys.executable, "-c", _DISTRIBUTED, str(tmp_path / "tb" / folder)],
+        capture_output=True, text=True, env=env, timeout=600, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))[len("RESULT ") :])
+    assert data == {"overlap": ["1", "2", "all"], "waittime": ["1", "2", "all"], "commops": ["rank0", "rank1"]}
+
+
 def test_a_flat_save_path_gives_no_distributed_view_but_the_export_does(tmp_path: Path) -> None:
     """Why the export exists: the plugin makes one worker per file name, so a flat folder of
     HTA-named files is one worker per file and no 'All'; the exported folder lines them up."""
