@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 import instrument.testing
+from instrument.naming import TIMELINE_SUFFIX
+
+_T = TypeVar("_T")
 
 
 @pytest.fixture(autouse=True)
@@ -29,3 +33,15 @@ def load_trace(path: str | Path) -> dict[str, Any]:
 def event_names(path: str | Path) -> set[str]:
     """Names of the events in a trace."""
     return {str(event.get("name")) for event in load_trace(path)["traceEvents"]}
+
+
+def without_timeline(items: Iterable[_T]) -> list[_T]:
+    """What a run wrote less its step timeline file (``timeline=True``, the default, adds one per process):
+    paths or names (``str`` or ``Path``), ``TraceRecord``s or manifest lines (dicts), in their order."""
+
+    def path(item: Any) -> str:
+        if isinstance(item, (str, os.PathLike)):
+            return os.fspath(item)
+        return str(item["path"] if isinstance(item, dict) else item.path)
+
+    return [item for item in items if not path(item).endswith(TIMELINE_SUFFIX)]

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
+from instrument.naming import TIMELINE_SUFFIX
 from instrument.run._process import detect_rank_and_world
 from instrument.run._state import STATE
-from tests.conftest import event_names, load_trace
+from tests.conftest import event_names, load_trace, without_timeline
 
 
 @ins.profiled_stage("module_level")
@@ -164,7 +165,7 @@ def test_configure_again_after_finish_starts_a_new_run(tmp_path: Path) -> None:
         ins.configure(cfg, role="actor", rank=0, world_size=1)
         with ins.profile_step(1):
             module_level(1)
-        assert len(ins.finish()) == 1
+        assert len(without_timeline(ins.finish())) == 1
     assert len(list(tmp_path.glob("*.pt.trace.json.gz"))) == 2
 
 
@@ -180,7 +181,7 @@ def test_async_stage_range_covers_the_awaited_work(tmp_path: Path) -> None:
         coroutine = worker.generate(3)  # created, not awaited: no range yet
         assert asyncio.run(both()) == [1, 2]
         assert asyncio.run(coroutine) == 3
-    (trace,) = ins.finish()
+    (trace,) = without_timeline(ins.finish())
     ranges = [e for e in load_trace(trace)["traceEvents"] if e.get("name") == "generate"]
     assert len(ranges) == 3
     assert all(e["dur"] >= 9_000 for e in ranges), json.dumps(ranges)  # µs: covers the 10 ms sleep
@@ -194,7 +195,7 @@ def test_with_and_decorator_forms_record_the_same_ranges(tmp_path: Path) -> None
             pass
         Worker().method(1)
         Worker.static(1)
-    (trace,) = ins.finish()
+    (trace,) = without_timeline(ins.finish())
     assert {"gen", "mini_batch7", "method", "static"} <= event_names(trace)
 
 
@@ -210,7 +211,7 @@ def test_forward_only_stage_never_advances_the_schedule(tmp_path: Path) -> None:
     ins.configure(cfg, role="critic", rank=0, world_size=1)
     with ins.profile_step(1):
         forward(5)
-    (trace,) = ins.finish()
+    (trace,) = without_timeline(ins.finish())
     assert "_mb" not in Path(trace).name  # the whole stage, one trace, ranges only
     assert {f"mini_batch{i}" for i in range(5)} <= event_names(trace)
 
@@ -236,7 +237,7 @@ def test_rank_detection_from_torch_distributed(tmp_path: Path) -> None:
 
 
 def test_disabled_path_leaves_no_state_behind(tmp_path: Path) -> None:
-    cfg = ins.ProfilerConfig(save_path=str(tmp_path), steps=(2,), ranks=(1,))
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), steps=(2,), ranks=(1,), timeline=False)
     ins.configure(cfg, role="actor", rank=0, world_size=2)
     with ins.profile_step(2, last=True):
         assert not STATE.recording
@@ -244,6 +245,19 @@ def test_disabled_path_leaves_no_state_behind(tmp_path: Path) -> None:
         assert ins.profile_window(mini_batch=0) is ins.profile_window(mini_batch=1)  # the shared idle manager
     assert ins.finish() == []
     assert not tmp_path.exists() or not any(tmp_path.iterdir())
+
+
+def test_an_unprofiled_rank_writes_its_step_timeline_alone_by_default(tmp_path: Path) -> None:
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), steps=(2,), ranks=(1,))
+    run = ins.configure(cfg, role="actor", rank=0, world_size=2)
+    with ins.profile_step(2, last=True):
+        assert not STATE.recording
+        assert module_level(2) == 4
+        with ins.profile_window(mini_batch=0):
+            pass
+    (timeline,) = ins.finish()
+    assert timeline.endswith(TIMELINE_SUFFIX)
+    assert {p.name for p in tmp_path.iterdir()} == {Path(timeline).name, run.manifest_path.name}
 
 
 def test_a_stage_may_carry_another_role_than_its_process(tmp_path: Path) -> None:
@@ -260,7 +274,7 @@ def test_a_stage_may_carry_another_role_than_its_process(tmp_path: Path) -> None
             pass
         with ins.profiled_stage("update_actor"):
             pass
-    names = sorted(Path(p).name.split("_step")[0] for p in ins.finish())
+    names = sorted(Path(p).name.split("_step")[0] for p in without_timeline(ins.finish()))
     assert names == ["actor_update-actor", "critic_compute-values", "critic_update-critic"]
     assert repr(ins.profiled_stage("x", role="critic")) == "profiled_stage('x', scheduled=False, role='critic')"
     with pytest.raises(ValueError, match="'role' must not contain"):
