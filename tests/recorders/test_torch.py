@@ -16,7 +16,7 @@ import torch
 import instrument as ins
 from instrument.manifest import read_manifests
 from instrument.naming import parse_trace_name
-from tests.conftest import event_names, load_trace
+from tests.conftest import event_names, load_trace, without_timeline
 
 
 def _matmul() -> None:
@@ -38,13 +38,14 @@ class Worker:
 
 
 def _run(cfg: ins.ProfilerConfig, *, steps: int, mini_batches: int, rank: int = 0, world: int = 1) -> list[str]:
+    """The trace files of a run (its step timeline left out)."""
     ins.configure(cfg, role="actor", rank=rank, world_size=world)
     worker = Worker()
     for step in range(1, steps + 1):
         with ins.profile_step(step, last=(step == steps)):
             worker.compute_log_prob()
             worker.update_actor(mini_batches)
-    return ins.finish()
+    return without_timeline(ins.finish())
 
 
 def _traces(path: Path) -> list[str]:
@@ -106,6 +107,7 @@ def test_unprofiled_steps_and_ranks_write_nothing(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path / "a", steps=(2,), ranks=(1,))
     assert _run(cfg, steps=3, mini_batches=2, rank=0, world=2) == []
     assert not (tmp_path / "a").exists() or _traces(tmp_path / "a") == []
+    assert [r.tool for r in read_manifests(tmp_path / "a")] == ["timeline"]  # the step timeline alone
     ins.testing.reset()
     files = _run(cfg, steps=3, mini_batches=2, rank=1, world=2)
     assert {parse_trace_name(f).step for f in files if parse_trace_name(f)} == {2}  # type: ignore[union-attr]
@@ -137,7 +139,7 @@ def test_rank_metadata_for_hta(tmp_path: Path) -> None:
 def test_manifest_lists_every_file(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, steps=(1, 2), schedule=ins.Schedule(active=2))
     files = _run(cfg, steps=2, mini_batches=2)
-    records = list(read_manifests(tmp_path))
+    records = without_timeline(read_manifests(tmp_path))
     assert sorted(str(tmp_path / r.path) for r in records) == sorted(files)
     for record in records:
         assert record.bytes == os.path.getsize(tmp_path / record.path)
@@ -160,7 +162,7 @@ def test_a_stage_that_raises_propagates_unchanged_and_keeps_its_trace(tmp_path: 
     ins.configure(_cfg(tmp_path, steps=(1,), schedule=ins.Schedule(active=4)), role="actor", rank=0, world_size=1)
     with pytest.raises(BoomError, match="user error"), ins.profile_step(1):
         update()
-    files = ins.finish()
+    files = without_timeline(ins.finish())
     assert len(files) == 1
     assert "_mb0-1_partial_" in files[0]
     assert {"mini_batch0", "mini_batch1"} <= event_names(files[0])
@@ -218,7 +220,7 @@ def test_hostile_role_and_path_are_data(tmp_path: Path) -> None:
     ins.configure(cfg, role="actor;rm -rf $(x)", rank=0, world_size=1)
     with ins.profile_step(1, last=True):
         Worker().compute_log_prob()
-    files = ins.finish()
+    files = without_timeline(ins.finish())
     assert len(files) == 1
     assert Path(files[0]).parent == save
     assert Path(files[0]).name.startswith("actor-rm--rf---x-_compute-log-prob_step1_")
@@ -267,7 +269,7 @@ def test_continuous_steps_record_every_call_and_window_through_the_fast_path(tmp
         other = threading.Thread(target=worker.update_actor, args=(1,))  # another thread: the counted path
         other.start()
         other.join()
-    (path,) = ins.finish()
+    (path,) = without_timeline(ins.finish())
     events = [e for e in load_trace(path)["traceEvents"] if e.get("ph") == "X"]
     names = [e["name"] for e in events]
     assert names.count("update_actor") == 4
@@ -287,7 +289,7 @@ def test_stage_and_mini_batch_ranges_are_user_annotations(tmp_path: Path, discre
             worker.update_actor(2)
     wanted = ("compute_log_prob", "update_actor", "mini_batch0", "mini_batch1")
     categories: dict[str, set[str]] = {}
-    for path in ins.finish():
+    for path in without_timeline(ins.finish()):
         for event in load_trace(path)["traceEvents"]:
             if event.get("ph") == "X" and event["name"] in wanted:
                 categories.setdefault(event["name"], set()).add(event["cat"])
@@ -300,5 +302,5 @@ def test_memory_contents_record_memory_events(tmp_path: Path) -> None:
     ins.configure(cfg, role="actor", rank=0, world_size=1)
     with ins.profile_step(1), ins.profiled_stage("compute_log_prob"):
         torch.randn(64, 64) @ torch.randn(64, 64)
-    (path,) = ins.finish()
+    (path,) = without_timeline(ins.finish())
     assert "[memory]" in event_names(path)
