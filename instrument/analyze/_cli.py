@@ -21,6 +21,7 @@ from typing import TextIO
 
 from instrument._terminal import Display, human_bytes, wanted
 from instrument.analyze._analyze import analyze
+from instrument.analyze._intervals import IntRanges
 from instrument.analyze._layout import export_layout
 from instrument.analyze._model import Skipped
 from instrument.analyze._ray import RayUnavailableError
@@ -43,9 +44,10 @@ Exit status: 0 all files read, 1 some skipped (named on stderr), 2 bad arguments
 """
 
 
-def parse_int_list(text: str) -> list[int]:
-    """``"0,2,5-7"`` -> ``[0, 2, 5, 6, 7]``; raises ``argparse.ArgumentTypeError``."""
-    out: list[int] = []
+def parse_int_list(text: str) -> IntRanges:
+    """``"0,2,5-7"`` -> the ints 0, 2, 5, 6, 7 as intervals (``5-7`` is never expanded, whatever its
+    numbers); raises ``argparse.ArgumentTypeError``."""
+    intervals: list[tuple[int, int]] = []
     for raw in text.split(","):
         part = raw.strip()
         if not part:
@@ -58,10 +60,10 @@ def parse_int_list(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"not a list of numbers: {text!r} (e.g. 0,2,5-7)") from None
         if low < 0 or high < low:
             raise argparse.ArgumentTypeError(f"bad range {part!r} in {text!r}")
-        out.extend(range(low, high + 1))
-    if not out:
+        intervals.append((low, high))
+    if not intervals:
         raise argparse.ArgumentTypeError(f"no number in {text!r}")
-    return out
+    return IntRanges(intervals)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from instrument.analyze._intervals import IntRanges
 from instrument.analyze._model import RankStats, Skipped, TraceFile, label_key
 from instrument.analyze.analyzers._stats import US_PER_MS
 from instrument.analyze.traces._gpu import GpuTimes
@@ -41,23 +42,25 @@ class _Cell:
     tokens: int = 0
 
 
-def _ints(values: Iterable[int] | None, name: str) -> frozenset[int] | None:
+def _ints(values: Iterable[int] | None, name: str) -> IntRanges | None:
     if values is None:
         return None
+    if isinstance(values, IntRanges):
+        return values  # already intervals (``--ranks 0-999999999999``): never expanded
     out = set()
     for value in values:
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"'{name}' must hold non-negative ints: {value!r}")
         out.add(value)
-    return frozenset(out)
+    return IntRanges.of(out)
 
 
 @dataclass(frozen=True)
 class Filters:
     """What ``--ranks``, ``--steps`` and ``--stage`` keep (``None``: everything); stages as label keys."""
 
-    ranks: frozenset[int] | None
-    steps: frozenset[int] | None
+    ranks: IntRanges | None
+    steps: IntRanges | None
     stages: frozenset[str] | None
 
     @classmethod
@@ -74,7 +77,7 @@ class Filters:
         """
         rank_filter = _ints(ranks, "ranks")
         if rank_filter is None and not all_ranks:
-            rank_filter = frozenset({0})
+            rank_filter = IntRanges.of([0])
         if isinstance(stages, str):
             stages = [stages]
         return cls(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument import naming
+from instrument.analyze._intervals import IntRanges
 from instrument.analyze._model import MemoryFile, label_key
 from instrument.analyze.traces import _safe_io
 from instrument.naming import parse_trace_name
@@ -99,8 +100,8 @@ def find_memory_files(
     stages: Iterable[str] | None = None,
 ) -> list[MemoryFile]:
     """The memory files of ``directory`` named by the SDK, filtered like the traces, sorted by name."""
-    rank_set = None if ranks is None else frozenset(ranks)
-    step_set = None if steps is None else frozenset(steps)
+    rank_set = None if ranks is None else IntRanges.of(ranks)  # intervals: a wide --ranks is never expanded
+    step_set = None if steps is None else IntRanges.of(steps)
     stage_set = None if stages is None else frozenset(stages)
     found = []
     budget = READ_BUDGET_BYTES
