@@ -29,6 +29,7 @@ from instrument._warnings import WarnOnce  # noqa: E402
 from instrument.naming import parse_trace_name, trace_basename  # noqa: E402
 from instrument.recorders import _snapshot_files, memory  # noqa: E402
 from instrument.run._state import STATE  # noqa: E402
+from tests.conftest import without_timeline  # noqa: E402
 
 
 class StandInCuda:
@@ -90,8 +91,9 @@ def _snapshots(save: Path) -> list[Path]:
 
 
 def _manifest(save: Path) -> list[dict[str, Any]]:
+    """The manifest's lines, less the step timeline's."""
     (path,) = save.glob("instrument-manifest-*.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return without_timeline(json.loads(line) for line in path.read_text().splitlines())
 
 
 def _run(save: Path, n: int = 1, **config: Any) -> None:
