@@ -8,8 +8,9 @@ long a wall time as the peer, so wall time would name a waiter.
 A straggler is named only above a floor: a stage whose slowest rank takes under :data:`STRAGGLER_MIN_MS`
 (timer noise and scheduling jitter are a good part of it) or under :data:`STRAGGLER_MIN_SHARE` of its step
 (whatever its ranks do, it holds the step up little) names none. The slowest rank, not the median: a
-stage of 0.1 ms that one rank takes 500 ms over is a straggler worth naming. The stages are ordered by the time they lose: the
-straggler's excess over the median, times the ranks that waited for it (:attr:`StageStats.lost_ms`).
+stage of 0.1 ms that one rank takes 500 ms over is a straggler worth naming. The stages are ordered by
+the time they lose: the straggler's excess over the median, times the ranks that waited for it
+(:attr:`StageStats.lost_ms`).
 """
 
 from __future__ import annotations
