@@ -24,7 +24,9 @@ import torch
 import instrument as ins
 import instrument.testing
 from instrument.manifest import manifest_name, read_manifests
-from instrument.naming import SCRATCH_PREFIX, parse_trace_name
+from instrument.naming import SCRATCH_PREFIX, TIMELINE_SUFFIX, parse_trace_name
+from instrument.timeline import read_timeline
+from tests.conftest import without_timeline
 
 _CRASH_SIGNS = ("Segmentation fault", "INTERNAL ASSERT", "already enabled", "Traceback", "core dumped")
 
@@ -121,7 +123,7 @@ def test_a_stage_in_another_thread_is_a_range_in_the_open_trace(tmp_path: Path) 
         log_prob()  # the worker's trace is open: a range in it, not a second profiler
         release.set()
         worker.join()
-    files = [Path(p) for p in ins.finish()]
+    files = [Path(p) for p in without_timeline(ins.finish())]
     assert [parse_trace_name(f.name).stage for f in files] == ["generate-sequences"]  # type: ignore[union-attr]
     names = {e.get("name") for e in _load(files[0])["traceEvents"]}
     assert {"generate_sequences", "compute_log_prob"} <= names
@@ -149,7 +151,7 @@ def test_scheduled_async_stage_beside_another_keeps_its_windows(tmp_path: Path) 
 
     with ins.profile_step(1):
         asyncio.run(both())
-    names = sorted(Path(p).name for p in ins.finish())
+    names = sorted(Path(p).name for p in without_timeline(ins.finish()))
     assert len(names) == 1 and "_mb0-1_" in names[0], names
 
 
@@ -184,12 +186,14 @@ def test_sigterm_storm_with_a_user_handler_never_crashes(tmp_path: Path) -> None
                 update()
         stop.set()
         files = ins.finish()
-        print("signals", len(received) > 0, "files", len(files), "failures", session.failures)
+        timelines = [f for f in files if f.endswith({TIMELINE_SUFFIX!r})]
+        print("signals", len(received) > 0, "files", len(files) - len(timelines), "timelines", len(timelines),
+              "failures", session.failures)
         """,
         timeout=500,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "signals True files 400 failures 0" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert "signals True files 400 timelines 1 failures 0" in done.stdout, done.stdout + done.stderr[-2000:]
     for trace in _traces(tmp_path)[::40]:
         _load(trace)
 
@@ -266,12 +270,16 @@ def test_a_forked_child_starts_clean(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     parent_pid = int(done.stdout.split("pid")[-1])
-    assert "child files 0" in done.stdout and "parent files 2" in done.stdout
+    assert "child files 0" in done.stdout and "parent files 3" in done.stdout  # two traces and the step timeline
     assert hook_log.read_text().splitlines() == [f"hook {parent_pid}"]
     manifests = sorted(p.name for p in save.glob("instrument-manifest-*.jsonl"))
     assert len(manifests) == 1 and f"-pid{parent_pid}" in manifests[0]
-    assert len(list(read_manifests(save))) == 2
+    records = list(read_manifests(save))
+    assert len(records) == 3 and len(without_timeline(records)) == 2
     assert {parse_trace_name(t.name).pid for t in _traces(save)} == {parent_pid}  # type: ignore[union-attr]
+    (timeline,) = save.glob(f"*{TIMELINE_SUFFIX}")  # the parent's alone, without the child's steps
+    assert read_timeline(timeline).pid == parent_pid
+    assert {span.step for span in read_timeline(timeline).spans} == {1, 2}
 
 
 def test_a_forked_child_can_configure_its_own_run(tmp_path: Path) -> None:
@@ -295,7 +303,12 @@ def test_a_forked_child_can_configure_its_own_run(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     records = sorted((r.role, r.stage) for r in read_manifests(tmp_path))
-    assert records == [("actor", "compute_log_prob"), ("worker", "compute_values")]
+    assert records == [
+        ("actor", "compute_log_prob"),
+        ("actor", "timeline"),
+        ("worker", "compute_values"),
+        ("worker", "timeline"),
+    ]
     assert len(list(tmp_path.glob("instrument-manifest-*.jsonl"))) == 2
 
 
@@ -339,6 +352,8 @@ def test_full_disk_never_leaves_a_truncated_trace_under_a_visible_name(tmp_path:
         if name.endswith(".jsonl"):
             lines = path.read_text().splitlines()
             assert all(json.loads(line) for line in lines)
+        elif name.endswith(TIMELINE_SUFFIX):
+            assert not read_timeline(path).torn  # a few spans: far below the limit
         else:
             _load(path)  # every visible trace is complete
     stages = {parse_trace_name(t.name).stage for t in _traces(tmp_path)}  # type: ignore[union-attr]
@@ -376,7 +391,7 @@ def test_unfinished_files_live_only_in_a_private_folder(tmp_path: Path) -> None:
     assert len(seen) == 1 and stat.S_IMODE(seen[0].stat().st_mode) == 0o700
     ins.finish()
     assert session.failures == 0
-    left = sorted(p.name for p in tmp_path.iterdir())
+    left = without_timeline(sorted(p.name for p in tmp_path.iterdir()))
     assert all(n.endswith(".pt.trace.json.gz") or n.startswith("instrument-manifest-") for n in left), left
 
 
@@ -384,9 +399,9 @@ def test_trace_name_and_manifest_path_point_at_the_published_file(tmp_path: Path
     ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu",), steps=(1,)), role="actor", rank=0)
     with ins.profile_step(1), ins.profiled_stage("compute_log_prob"):
         torch.randn(4, 4) @ torch.randn(4, 4)
-    (path,) = ins.finish()
+    (path,) = without_timeline(ins.finish())
     assert _load(Path(path))["traceName"] == str(Path(path).absolute())
-    (record,) = read_manifests(tmp_path)
+    (record,) = without_timeline(read_manifests(tmp_path))
     assert record.path == Path(path).name  # relative to save_path, whoever writes it
     assert record.bytes == os.path.getsize(path)
 
@@ -406,5 +421,5 @@ def test_unicode_labels_stay_valid_json_in_every_trace(tmp_path: Path) -> None:
     ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu",), steps=(1,)), role="acteur-é", rank=0)
     with ins.profile_step(1), ins.profiled_stage("mise_à_jour"):
         torch.randn(4, 4) @ torch.randn(4, 4)
-    (path,) = ins.finish()
+    (path,) = without_timeline(ins.finish())
     assert _load(Path(path))["instrument"] == {"role": "acteur-é", "stage": "mise_à_jour", "step": 1, "rank": 0}
