@@ -152,7 +152,8 @@ def test_continuous_traces_attribute_kernels_to_each_stage(tmp_path: Path, capsy
 
 @pytest.mark.parametrize("discrete", [True, False], ids=["discrete", "continuous"])
 def test_stage_ranges_that_launched_kernels_are_gpu_user_annotations(tmp_path: Path, discrete: bool) -> None:
-    """Stage and mini-batch ranges are user annotations, so kineto projects them onto the GPU timeline."""
+    """Stage and mini-batch ranges are user annotations, so kineto projects them onto the GPU timeline (a kernel
+    belongs to the innermost one: update_actor's kernels all run inside its mini-batches, so it is not asked for)."""
     cfg = ins.ProfilerConfig(save_path=str(tmp_path), steps=(1,), contents=("cpu", "cuda"), discrete=discrete)
     ins.configure(cfg, role="actor", rank=0, world_size=1)
     with ins.profile_step(1, last=True):
@@ -165,7 +166,7 @@ def test_stage_ranges_that_launched_kernels_are_gpu_user_annotations(tmp_path: P
         if path.endswith(".json.gz")
         for e in _events(Path(path), "gpu_user_annotation")
     }
-    assert {"generate_sequences", "update_actor", "mini_batch0", "mini_batch1"} <= projected, projected
+    assert {"generate_sequences", "mini_batch0", "mini_batch1"} <= projected, projected
 
 
 def test_analyze_shows_gpu_ms_and_the_gpu_table(tmp_path: Path) -> None:
