@@ -6,8 +6,10 @@ Forms, tried in this order (:func:`from_name`):
   frontend traces (:data:`instrument.naming.ENGINE_TRACE` / ``FRONTEND_TRACE``);
 - verl's ``{role}[_{stage}]_step{S}_rank{r}-of-{W}_pid{p}_{ts}.json[.gz]``: without a stage the file
   holds a whole step, and its stages are found inside (:attr:`TraceFile.inside`);
-- plain vLLM worker names (``[dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_]rank{R}.{ns}.pt.trace.json.gz``,
-  ``{id}-rank-{R}.{ns}…``) and SGLang's (``{ts}-TP-{t}….trace.json.gz``): engine traces;
+- a registered engine's own names (:func:`instrument.ranks.parse_engine_trace_name`: vLLM's
+  ``[dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_]rank{R}.{ns}.pt.trace.json.gz`` and frontends, SGLang's
+  ``{ts}-TP-{t}….trace.json.gz``, any engine added with :func:`instrument.rollout.register_engine`):
+  engine traces, read through the one grammar each engine has;
 - HTA-style ``rank-{r}….json[.gz]``;
 - anything else (torch's default ``{worker}.{ns}.pt.trace.json[.gz]`` included) is a whole trace
   whose rank comes from ``distributedInfo``, or, without one, from no one: it is analysed as a
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from instrument import naming
 from instrument.analyze._model import TraceFile
-from instrument.ranks import engine_trace_local_rank
+from instrument.ranks import EngineTraceName, parse_engine_trace_name
 
 __all__ = [
     "TRACE_SUFFIXES",
@@ -30,7 +32,6 @@ __all__ = [
     "complete_dp_ranks",
     "from_name",
     "is_trace_name",
-    "vllm_dp_rank",
     "worker_label",
 ]
 
@@ -38,19 +39,12 @@ TRACE_SUFFIXES = (".json.gz", ".json")
 WHOLE_TRACE = "trace"
 """Stage label of a file analysed whole (no step or stage range inside)."""
 
-_PREFIX_STEP = re.compile(r"(?:^|_)step(\d+)(?:_|$)")
 # verl: no host field (the SDK's names have one), role in dashes, a stage that may hold "_"
 _VERL = re.compile(
     r"(?P<role>[A-Za-z0-9.=+-]+)(?:_(?P<stage>[A-Za-z0-9._=+-]+?))?_step(?P<step>\d+)"
     r"_rank(?P<rank>\d+)-of-(?P<world>[1-9]\d*)_pid\d+_\d+(?:\.pt\.trace)?\.json(?:\.gz)?\Z"
 )
 _HTA = re.compile(r"rank-(?P<rank>\d+)(?:[._-][^/]*)?\.json(?:\.gz)?\Z")
-# vLLM with data parallelism: the rank counts within one dp rank, so the global place needs the sizes
-_VLLM_DP = re.compile(
-    r"(?:^|_)dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?\Z"
-)
-# vLLM's API-server trace before relocation: "[{prefix}_]{host}_{pid}.async_llm.{ns}.pt.trace.json[.gz]"
-_VLLM_FRONTEND = re.compile(r"(?P<who>.*_(?P<pid>\d+))\.async_llm\.\d+\.pt\.trace\.json(?:\.gz)?\Z")
 _TORCH_DEFAULT = re.compile(r"(?P<worker>.+)\.\d+\.pt\.trace\.json(?:\.gz)?\Z")
 
 
@@ -71,10 +65,11 @@ def worker_label(path: str) -> str:
     return name
 
 
-def vllm_dp_rank(name: str) -> tuple[int, int] | None:
-    """``(dp, R)`` of a vLLM worker name with data parallelism, else ``None``."""
-    match = _VLLM_DP.search(name)
-    return None if match is None else (int(match["dp"]), int(match["rank"]))
+def _dp_place(parsed: EngineTraceName | None) -> tuple[int, int] | None:
+    """``(dp, R)`` of a worker whose rank counts within DP rank ``dp > 0`` (its place needs tp x pp), else ``None``."""
+    if parsed is None or parsed.frontend or not parsed.dp or parsed.rank is None:
+        return None
+    return parsed.dp, parsed.rank
 
 
 def from_name(path: Path) -> TraceFile | None:
@@ -83,13 +78,6 @@ def from_name(path: Path) -> TraceFile | None:
     found = _sdk(path) or _verl(path) or _engine(path)
     if found is not None:
         return found
-    match = _VLLM_FRONTEND.match(name)
-    if match is not None:  # a frontend belongs to a replica, not a rank: named by its process
-        step = _PREFIX_STEP.search(match["who"])
-        return TraceFile(
-            str(path), "rollout", "frontend", int(step[1]) if step else None, None, None, tool="vllm",
-            source="engine", worker=f"frontend-pid{match['pid']}",
-        )  # fmt: skip
     match = _HTA.match(name)
     if match is not None:
         rank = int(match["rank"])
@@ -114,6 +102,7 @@ def _sdk(path: Path) -> TraceFile | None:
         )
     match = naming.ENGINE_TRACE.match(name)
     if match is not None:
+        original = parse_engine_trace_name(match["orig"])  # the engine's own name, behind our prefix
         return TraceFile(
             path=str(path),
             role=match["role"],
@@ -121,12 +110,13 @@ def _sdk(path: Path) -> TraceFile | None:
             step=int(match["step"]),
             rank=None if match["rank"] is None else int(match["rank"]),
             world_size=int(match["world"]),
-            tool="vllm",
+            tool="vllm" if original is None else original.engine,
             replica=int(match["replica"]),
             source="engine",
         )
     match = naming.FRONTEND_TRACE.match(name)
     if match is not None:
+        original = parse_engine_trace_name(match["orig"])
         return TraceFile(
             path=str(path),
             role=match["role"],
@@ -134,7 +124,7 @@ def _sdk(path: Path) -> TraceFile | None:
             step=int(match["step"]),
             rank=None,
             world_size=None,
-            tool="vllm",
+            tool="vllm" if original is None else original.engine,
             replica=int(match["replica"]),
             source="engine",
         )
@@ -159,20 +149,28 @@ def _verl(path: Path) -> TraceFile | None:
 
 
 def _engine(path: Path) -> TraceFile | None:
-    name = path.name
-    local = engine_trace_local_rank(name)
-    dp = vllm_dp_rank(name) if local is None else None
-    if local is None and dp is None:
+    """A registered engine's own trace name: a worker (its rank in the replica, when the name tells) or a
+    frontend (it belongs to a replica, not a rank: named by its process)."""
+    parsed = parse_engine_trace_name(path.name)
+    if parsed is None:
         return None
-    step = _PREFIX_STEP.search(name)
+    if parsed.frontend:
+        return TraceFile(
+            str(path), "rollout", "frontend", parsed.step, None, None, tool=parsed.engine, source="engine",
+            worker=f"frontend-pid{parsed.pid}" if parsed.pid is not None else "frontend",
+        )  # fmt: skip
+    local = parsed.local_rank()
+    dp = _dp_place(parsed) if local is None else None
+    if local is None and dp is None:
+        return None  # a worker whose name does not tell its rank: read as a whole trace below
     return TraceFile(
         path=str(path),
         role="rollout",
         stage="engine",
-        step=int(step[1]) if step else None,
+        step=parsed.step,
         rank=local,
         world_size=None,
-        tool="sglang" if "-TP-" in name else "vllm",
+        tool=parsed.engine,
         source="engine",
         # dp > 0: the place in the replica needs the ranks per dp rank, counted over the directory
         worker=None if dp is None else f"dp{dp[0]}-rank{dp[1]}",
@@ -180,9 +178,13 @@ def _engine(path: Path) -> TraceFile | None:
 
 
 def complete_dp_ranks(files: list[TraceFile]) -> list[TraceFile]:
-    """vLLM workers of data-parallel rank ``d > 0`` get their place in the replica, ``d * n + R``, where
+    """Engine workers of data-parallel rank ``d > 0`` get their place in the replica, ``d * n + R``, where
     ``n`` (tp x pp) is counted from the directory's own names (the largest ``R`` + 1)."""
-    places = {f.path: vllm_dp_rank(Path(f.path).name) for f in files if f.worker is not None and f.rank is None}
+    places = {
+        f.path: _dp_place(parse_engine_trace_name(Path(f.path).name))
+        for f in files
+        if f.worker is not None and f.rank is None
+    }
     known = [place for place in places.values() if place is not None]
     if not known:
         return files

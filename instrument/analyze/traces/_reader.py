@@ -38,6 +38,7 @@ from instrument.analyze.traces._kernels import KernelTimes, kernel_times
 from instrument.analyze.traces._safe_io import GuardedReader, TraceError
 from instrument.analyze.traces._scanner import Scanner
 from instrument.analyze.traces._steps import Segment
+from instrument.ranks import registered_trace_names
 
 __all__ = [
     "SMALL_FILE_BYTES",
@@ -289,7 +290,8 @@ def _scanned(scanner: Scanner, header: dict[str, Any], size: int) -> FileScan:
 
 
 def _scanner(trace: TraceFile, header: dict[str, Any], wanted: frozenset[str] | None) -> Scanner:
-    engine = trace.stage == "engine" or trace.tool in ("vllm", "sglang")  # judged by work, not by the window
+    # A rollout engine's trace is judged by its work, not by its profiling window.
+    engine = trace.stage == "engine" or any(trace.tool == names.engine for names in registered_trace_names())
     return Scanner(_stage_name(trace, header), trace.continuous, inside=trace.inside, engine=engine, wanted=wanted)
 
 
