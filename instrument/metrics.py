@@ -26,6 +26,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from instrument._extras import needs_extra
+
 __all__ = ["StageMetrics", "serve"]
 
 logger = logging.getLogger(__name__)
@@ -34,6 +36,15 @@ logger = logging.getLogger(__name__)
 _BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 
 _shared: dict[tuple[str, bool], Any] = {}
+
+
+def _prometheus_client(what: str) -> Any:
+    """``prometheus_client``, or a ``ModuleNotFoundError`` naming the ``metrics`` extra."""
+    try:
+        import prometheus_client
+    except ModuleNotFoundError as exc:
+        raise needs_extra(what, "metrics", exc) from exc
+    return prometheus_client
 
 
 def _families(rank_label: bool) -> Any:
@@ -51,7 +62,8 @@ def _families(rank_label: bool) -> Any:
             return families
     key = ("families", rank_label)
     if key not in _shared:
-        from prometheus_client import Counter, Histogram
+        client = _prometheus_client("ProfilerConfig(metrics=True)")
+        Counter, Histogram = client.Counter, client.Histogram  # noqa: N806 - the library's class names
 
         extra = ["rank"] if rank_label else []
         _shared[key] = {
@@ -101,16 +113,17 @@ class StageMetrics:
 def serve(port: int, addr: str = "127.0.0.1") -> Any:
     """Expose ``/metrics`` on ``addr:port`` (loopback by default); returns the server.
 
+    Raises ``ModuleNotFoundError`` naming ``pip install 'instrument[metrics]'`` without ``prometheus_client``.
+
     With ``PROMETHEUS_MULTIPROC_DIR`` set, the scrape aggregates every process that wrote there
     (forked workers included).
     """
-    from prometheus_client import REGISTRY, CollectorRegistry, start_http_server
-
-    registry: Any = REGISTRY
+    client = _prometheus_client("instrument.metrics.serve()")
+    registry: Any = client.REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
 
-        registry = CollectorRegistry()
+        registry = client.CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    server, _thread = client.start_http_server(port, addr=addr, registry=registry)
     return server

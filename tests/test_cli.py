@@ -142,7 +142,7 @@ def test_partial_window_is_named_partial(capsys: pytest.CaptureFixture[str]) -> 
         (["--world-size=8", "ranks=[9]"], "'ranks' selects rank 9, outside the world of 8 ranks (0..7)"),
         (["finish_hook.cmd=x", "finish_hook.ranks=[3]"], "'finish_hook.ranks' selects rank 3"),
         (["schedul.active=2"], "did you mean 'schedule.active'?"),
-        (["schedule.active=0"], "'active' must be >= 1: 0"),
+        (["schedule.active=0"], "'schedule.active' must be >= 1: 0"),
         (["--stage=update:sched"], "stage flag must be 'scheduled'"),
         (["--stage=..."], "label has no character usable in a file name"),
         (["--config=/nonexistent/x.yaml"], "No such file or directory"),

@@ -145,7 +145,7 @@ def test_bad_override_blames_the_override_not_a_good_file(tmp_path: Path, capsys
     path.write_text("steps: [1]\n")
     status = main(["plan", "--num-steps=2", f"--config={path}", "schedule.active=0"])
     out, err = capsys.readouterr()
-    _assert_one_line_error(status, out, err, "plan", "'active' must be >= 1: 0")
+    _assert_one_line_error(status, out, err, "plan", "'schedule.active' must be >= 1: 0")
     assert "good.yaml" not in err
 
 

@@ -11,6 +11,7 @@ overrides (:meth:`ProfilerConfig.from_overrides`), accepting verl's key names
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -69,9 +70,34 @@ def _from_mapping(cls: type[_T], value: Any, prefix: str) -> Any:
     return value
 
 
+def _unknown_keyword(cls: type, key: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)  # a keyword list is short: guess more boldly
+    hint = f"did you mean {close[0]!r}?" if close else f"valid keywords: {', '.join(names)}"
+    return f"{cls.__name__}() got an unexpected keyword argument {key!r}; {hint}"
+
+
+def _guesses_keywords(cls: type[_T]) -> type[_T]:
+    """Unknown keywords still raise ``TypeError``, but with a "did you mean" (as the overrides path says)."""
+    init = cls.__init__
+    names = tuple(f.alias for f in attrs.fields(cls))  # type: ignore[arg-type]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it is the class's __init__
+        for key in kwargs:
+            if key not in names:
+                raise TypeError(_unknown_keyword(cls, key, names))
+        init(self, *args, **kwargs)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 - mypy refuses assigning a method
+    return cls
+
+
 # --------------------------------------------------------------------------- value classes
 
+_NO_SCHEDULE = "; schedule=None records every mini-batch of the stage"
 
+
+@_guesses_keywords
 @attrs.frozen
 class Schedule:
     """Which mini-batches of a scheduled stage are recorded (``torch.profiler.schedule`` semantics).
@@ -79,14 +105,15 @@ class Schedule:
     ``repeat=0`` repeats without end; the default of 1 keeps a long update loop from flooding the disk.
     """
 
-    skip_first: int = attrs.field(default=0, validator=int_at_least(0))
-    wait: int = attrs.field(default=0, validator=int_at_least(0))
-    warmup: int = attrs.field(default=0, validator=int_at_least(0))
-    active: int = attrs.field(default=1, validator=int_at_least(1))
-    repeat: int = attrs.field(default=1, validator=int_at_least(0))
+    skip_first: int = attrs.field(default=0, validator=int_at_least(0, prefix="schedule."))
+    wait: int = attrs.field(default=0, validator=int_at_least(0, prefix="schedule."))
+    warmup: int = attrs.field(default=0, validator=int_at_least(0, prefix="schedule."))
+    active: int = attrs.field(default=1, validator=int_at_least(1, prefix="schedule.", hint=_NO_SCHEDULE))
+    repeat: int = attrs.field(default=1, validator=int_at_least(0, prefix="schedule."))
     skip_first_wait: bool = attrs.field(default=False, validator=boolean)
 
 
+@_guesses_keywords
 @attrs.frozen
 class FinishHook:
     """One shell command run once after the last profiled step, on the chosen ranks, within ``timeout_s``."""
@@ -129,6 +156,7 @@ def _check_factor(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -
         raise ValueError(f"'{attribute.name}' must be a finite number > 1: {value!r}")
 
 
+@_guesses_keywords
 @attrs.frozen
 class SlowStep:
     """Profile the next ``steps`` steps of a rank whose step took ``factor`` x the median of its last ``window``."""
@@ -158,6 +186,7 @@ def _optional_instance(cls: type) -> Callable[[Any, attrs.Attribute[Any], Any], 
     return check
 
 
+@_guesses_keywords
 @attrs.frozen
 class ProfilerConfig:
     """What to profile (steps, ranks, contents, schedule), where to write it and what to run at the end."""

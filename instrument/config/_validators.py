@@ -6,7 +6,9 @@ from __future__ import annotations
 import collections
 import math
 import os
+import stat
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -54,12 +56,14 @@ def is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+def int_at_least(minimum: int, *, prefix: str = "", hint: str = "") -> Callable[[Any, attrs.Attribute[Any], Any], None]:
+    """``prefix`` names the field where the user writes it (``schedule.``); ``hint`` follows a value too small."""
+
     def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if not is_int(value):
-            raise TypeError(f"'{attribute.name}' must be an int >= {minimum}: {value!r}")
+            raise TypeError(f"'{prefix}{attribute.name}' must be an int >= {minimum}: {value!r}")
         if value < minimum:
-            raise ValueError(f"'{attribute.name}' must be >= {minimum}: {value}")
+            raise ValueError(f"'{prefix}{attribute.name}' must be >= {minimum}: {value}{hint}")
 
     return check
 
@@ -112,7 +116,7 @@ def int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attrs
             return
         if not isinstance(value, tuple) or not all(is_int(v) for v in value):
             kind = "a list of ints or null" if allow_none else "a list of ints"
-            raise TypeError(f"'{attribute.name}' must be {kind}: {value!r}")
+            raise TypeError(f"'{attribute.name}' must be {kind}: {value!r}{_as_list_hint(value)}")
         for v in value:
             if v < minimum:
                 raise ValueError(f"'{attribute.name}' must hold values >= {minimum}: {v}")
@@ -121,6 +125,15 @@ def int_tuple(minimum: int, *, allow_none: bool = False) -> Callable[[Any, attrs
             raise ValueError(f"'{attribute.name}' must not repeat a value: {repeated} given more than once")
 
     return check
+
+
+def _as_list_hint(value: Any) -> str:
+    """``"2,4"`` (a shell or an override without brackets) -> ``" (did you mean [2,4]?)"``."""
+    if isinstance(value, str):
+        parts = [p.strip() for p in value.strip().strip("()").split(",")]
+        if parts and all(p.isascii() and p.isdigit() for p in parts):
+            return f" (did you mean [{','.join(parts)}]?)"
+    return ""
 
 
 def to_sorted_tuple(value: Any) -> Any:
@@ -159,6 +172,23 @@ def check_path(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> N
         raise ValueError(f"'{attribute.name}' must be a non-empty path: {value!r}")
     if "\0" in value:  # the OS refuses it only at the first file written, after configure()
         raise ValueError(f"'{attribute.name}' must be a path without NUL bytes: {value!r}")
+    blocking = _file_in_the_way(value)
+    if blocking is not None:  # else the first trace fails with a bare FileExistsError, after configure()
+        where = "" if blocking == value else f" ({blocking!r} is)"
+        raise ValueError(f"'{attribute.name}' is a file, not a directory: {value!r}{where}")
+
+
+def _file_in_the_way(path: str) -> str | None:
+    """The existing non-directory that ``path`` or one of its parents is, or ``None`` (absent or unreadable too)."""
+    for candidate in [path, *map(str, Path(path).parents)]:
+        try:
+            mode = os.stat(candidate).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # not there yet, or under a file: look further up
+        except (OSError, ValueError):
+            return None  # cannot tell (permissions, a name too long): the run reports what it meets
+        return None if stat.S_ISDIR(mode) else candidate
+    return None
 
 
 def to_path(value: Any) -> Any:

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from instrument._extras import needs_extra
 from instrument._warnings import WarnOnce
 from instrument.recorders._combined import Recorders
 from instrument.recorders._protocol import Publish, Recorder, RecorderFactory, Report
@@ -55,13 +56,17 @@ class Registration:
     outermost: bool = False
     """Beside other recorders it starts first and stops last, so its own work (a memory snapshot) stays out
     of their traces."""
+    extra: str | None = None
+    """The ``instrument[...]`` extra installing what its module imports, named when that is missing."""
 
 
 _REGISTRY: dict[str, Registration] = {
-    "torch": Registration("instrument.recorders.torch:TorchBackend", uses_cupti=True),
-    "nvtx": Registration("instrument.recorders.nvtx:NvtxBackend"),
+    "torch": Registration("instrument.recorders.torch:TorchBackend", uses_cupti=True, extra="torch"),
+    "nvtx": Registration("instrument.recorders.nvtx:NvtxBackend", extra="nvtx"),
     # CUDA memory snapshots, alone or beside a tracer (docs/memory.md)
-    "torch_memory": Registration("instrument.recorders.memory:MemoryRecorder", options="memory", outermost=True),
+    "torch_memory": Registration(
+        "instrument.recorders.memory:MemoryRecorder", options="memory", outermost=True, extra="torch"
+    ),
 }
 
 BUILT_IN_TOOLS = tuple(sorted(_REGISTRY))
@@ -121,7 +126,14 @@ def recorder_class(name: str) -> RecorderFactory:
     found = registration(name)
     if isinstance(found.factory, str):
         module, _, attribute = found.factory.partition(":")
-        loaded: RecorderFactory = getattr(importlib.import_module(module), attribute)
+        try:
+            imported = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            # a missing third-party package reads better as the extra to install than as a traceback
+            if found.extra is None or (exc.name or "instrument").partition(".")[0] == "instrument":
+                raise
+            raise needs_extra(f"tool={name!r}", found.extra, exc) from exc
+        loaded: RecorderFactory = getattr(imported, attribute)
         if _REGISTRY.get(name) is found:  # not replaced meanwhile
             _REGISTRY[name] = replace(found, factory=loaded)
         return loaded

@@ -40,7 +40,7 @@ def test_one_string_of_overrides_is_refused(tmp_path: Path) -> None:
         ("[1, 2]", [], ValueError, "bad.json: the configuration must be a mapping at the top level"),
         ('{"steps": [1', [], ValueError, "bad.json: invalid JSON at line 1, column"),
         ('{"tool": "perf"}', ["steps=[1]"], ValueError, "bad.json: 'tool' must be one of"),
-        ('{"steps": [1]}', ["schedule.active=0"], ValueError, "'active' must be >= 1: 0"),
+        ('{"steps": [1]}', ["schedule.active=0"], ValueError, "'schedule.active' must be >= 1: 0"),
         ('{"discrete": "yes"}', [], TypeError, "bad.json: 'discrete' must be true or false: 'yes'"),
     ],
 )

@@ -21,14 +21,18 @@ from instrument.config._memory import MEMORY_CONTEXTS, MEMORY_STACKS
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"active": 0}, ValueError, "'active' must be >= 1: 0"),
-        ({"wait": -1}, ValueError, "'wait' must be >= 0: -1"),
-        ({"warmup": -2}, ValueError, "'warmup' must be >= 0: -2"),
-        ({"skip_first": -1}, ValueError, "'skip_first' must be >= 0: -1"),
-        ({"repeat": -1}, ValueError, "'repeat' must be >= 0: -1"),
-        ({"wait": 1.5}, TypeError, "'wait' must be an int >= 0: 1.5"),
-        ({"active": "2"}, TypeError, "'active' must be an int >= 1: '2'"),
-        ({"active": True}, TypeError, "'active' must be an int >= 1: True"),
+        (
+            {"active": 0},
+            ValueError,
+            "'schedule.active' must be >= 1: 0; schedule=None records every mini-batch of the stage",
+        ),
+        ({"wait": -1}, ValueError, "'schedule.wait' must be >= 0: -1"),
+        ({"warmup": -2}, ValueError, "'schedule.warmup' must be >= 0: -2"),
+        ({"skip_first": -1}, ValueError, "'schedule.skip_first' must be >= 0: -1"),
+        ({"repeat": -1}, ValueError, "'schedule.repeat' must be >= 0: -1"),
+        ({"wait": 1.5}, TypeError, "'schedule.wait' must be an int >= 0: 1.5"),
+        ({"active": "2"}, TypeError, "'schedule.active' must be an int >= 1: '2'"),
+        ({"active": True}, TypeError, "'schedule.active' must be an int >= 1: True"),
         ({"skip_first_wait": 1}, TypeError, "'skip_first_wait' must be true or false: 1"),
     ],
 )

@@ -172,8 +172,8 @@ def test_unwritable_save_path_logs_once_and_training_continues(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     blocker = tmp_path / "file"
-    blocker.write_text("not a directory")
     cfg = _cfg(blocker / "profile", steps=(1, 2))
+    blocker.write_text("not a directory")  # after the config is built (which would refuse it): the run absorbs it
     with caplog.at_level(logging.WARNING, logger="instrument"):
         session = ins.configure(cfg, role="actor", rank=0, world_size=1)
         worker = Worker()
