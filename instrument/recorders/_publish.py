@@ -7,7 +7,6 @@ overwriting, never through a planted symlink. Standard library only.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import queue
 import tempfile
@@ -36,13 +35,15 @@ EXCLUSIVE_ATTEMPTS = 5
 """Names tried (each with a new timestamp) before giving up on a free one."""
 
 
-def private_folder(save_path: str) -> Path:
+def private_folder(save_path: str, *, make_save_path: bool = True) -> Path:
     """A new folder in ``save_path`` for this process's unfinished files.
 
     Made by ``mkdtemp`` (mode 0700, an unpredictable name): nobody can plant a symlink where the
     file is written, and a half-written file is never visible under a trace name.
+    ``make_save_path=False``: ``FileNotFoundError`` when ``save_path`` is gone rather than a new one.
     """
-    Path(save_path).mkdir(parents=True, exist_ok=True)
+    if make_save_path:
+        Path(save_path).mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
 
 
@@ -133,17 +134,22 @@ class Finisher:
         self._jobs: queue.Queue[Any] = queue.Queue(maxsize=pending)
         self._worker: threading.Thread | None = None
         self._folders: dict[str, Path] = {}
+        self._made: set[str] = set()  # save paths this process has made a private folder in
+        self._folders_lock = threading.Lock()
 
     def folder(self, save_path: str) -> Path:
-        """This process's private folder in ``save_path`` (see :func:`private_folder`), made once.
+        """This process's private folder in ``save_path`` (see :func:`private_folder`).
 
-        Never made again: a ``save_path`` removed under the run makes its files fail (reported), it
-        is not silently recreated.
+        Made again after :meth:`flush` removed it, but never ``save_path`` itself: a ``save_path``
+        removed under the run makes its files fail (reported), it is not silently recreated.
         """
-        folder = self._folders.get(save_path)
-        if folder is None:
-            folder = self._folders[save_path] = private_folder(save_path)
-        return folder
+        with self._folders_lock:
+            folder = self._folders.get(save_path)
+            if folder is None:
+                folder = private_folder(save_path, make_save_path=save_path not in self._made)
+                self._folders[save_path] = folder
+                self._made.add(save_path)
+            return folder
 
     def submit(self, job: Any, *, timeout_s: float | None = None) -> None:
         """Hand ``job`` to the thread; with a bound, wait at most ``timeout_s`` for a place (``queue.Full``)."""
@@ -165,9 +171,23 @@ class Finisher:
                 self._jobs.task_done()
 
     def flush(self) -> None:
-        """Wait until every job submitted so far is finished."""
+        """Wait until every job submitted so far is finished, then remove the empty private folders.
+
+        The finish hook runs after a flush: what it sees in ``save_path`` (an archive of it) holds
+        published files only, no empty ``.instrument-tmp-*`` folder.
+        """
         if self._worker is not None and self._worker.is_alive():
             self._jobs.join()
+        self._remove_empty_folders()
+
+    def _remove_empty_folders(self) -> None:
+        with self._folders_lock:
+            for save_path, folder in list(self._folders.items()):
+                try:
+                    folder.rmdir()  # empty unless a failure left something worth a look (then kept)
+                except OSError:
+                    continue
+                del self._folders[save_path]
 
     def close(self) -> None:
         """Finish what is pending, end the thread and remove the (empty) private folders."""
@@ -176,7 +196,6 @@ class Finisher:
             self._jobs.put(None)
             self._worker.join(timeout=5)
         self._worker = None
-        for folder in self._folders.values():
-            with contextlib.suppress(OSError):
-                folder.rmdir()  # empty unless a failure left something worth a look
-        self._folders.clear()
+        self._remove_empty_folders()
+        with self._folders_lock:
+            self._folders.clear()
