@@ -14,6 +14,7 @@ ray = pytest.importorskip("ray")
 import instrument as ins  # noqa: E402
 from instrument.integrations.ray import ProfileController, ProfiledWorker, nsight_runtime_env  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
+from tests.conftest import without_timeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -68,7 +69,10 @@ def _hook(tmp_path: Path, ranks: tuple[int, ...]) -> ins.FinishHook:
     return ins.FinishHook(cmd=f'echo "$INSTRUMENT_PROFILE_PID" >> "{marker}"', ranks=ranks, timeout_s=30)
 
 
-def test_worker_group_profiles_chosen_steps_and_ranks_and_finishes_once(ray_cluster: None, tmp_path: Path) -> None:
+@pytest.mark.parametrize("timeline", [True, False], ids=["timeline", "no-timeline"])
+def test_worker_group_profiles_chosen_steps_and_ranks_and_finishes_once(
+    ray_cluster: None, tmp_path: Path, timeline: bool
+) -> None:
     save = tmp_path / "profile"
     cfg = ins.ProfilerConfig(
         save_path=str(save),
@@ -77,6 +81,7 @@ def test_worker_group_profiles_chosen_steps_and_ranks_and_finishes_once(ray_clus
         ranks=(0, 2),
         schedule=ins.Schedule(active=2),
         finish_hook=_hook(tmp_path, (0, 3)),
+        timeline=timeline,
     )
     actors = [ActorWorker.remote(cfg, rank, 4) for rank in range(4)]
     ctl = ProfileController(cfg, groups={"actor_rollout_ref": actors, "ref": actors})  # colocated: driven once
@@ -89,7 +94,10 @@ def test_worker_group_profiles_chosen_steps_and_ranks_and_finishes_once(ray_clus
     assert ctl.finish() == files  # idempotent
     elapsed = time.monotonic() - started
     assert ctl.failures == []
-    assert ray.get([a.start_count.remote() for a in actors]) == [2, 2, 2, 2]
+    # The step timeline needs every step's boundaries on the workers; without it only profiled steps are driven.
+    assert ray.get([a.start_count.remote() for a in actors]) == ([3, 3, 3, 3] if timeline else [2, 2, 2, 2])
+    assert len(files) - len(without_timeline(files)) == (4 if timeline else 0)  # one step timeline per worker
+    files = without_timeline(files)
     names = [parse_trace_name(f) for f in files]
     assert sorted((n.step, n.rank, n.window) for n in names if n) == [
         (1, 0, (0, 1)),
@@ -133,7 +141,7 @@ def test_a_failing_and_a_dying_worker_leave_the_others_intact(ray_cluster: None,
                 outcomes.append(ray.get(ref))
             except ray.exceptions.RayError as exc:
                 outcomes.append(type(exc).__name__)
-    files = ctl.finish()
+    files = without_timeline(ctl.finish())
     assert outcomes[0] == 3
     assert outcomes[1] == "RayTaskError(RuntimeError)"
     assert "ActorDiedError" in outcomes[2] or "RayActorError" in outcomes[2]
@@ -160,7 +168,7 @@ def test_the_hook_runs_in_the_finish_group_after_every_worker_saved(ray_cluster:
     ctl = ProfileController(cfg, groups={"actor": actors, "critic": critics})
     with ctl.step(1):  # steps=(1,): the last configured step ends the run's profiling
         ray.get([w.update_actor.remote(200) for w in [*actors, *critics]])  # big traces: exports take a while
-    files = ctl.finish()
+    files = without_timeline(ctl.finish())
     assert sorted(p.name for p in tmp_path.glob("hook-*")) == ["hook-actor-rank0"]  # not the critic's rank 0
     listed = [p for p in (tmp_path / "hook-actor-rank0").read_text().split() if p.endswith(".gz")]
     assert sorted(listed) == sorted(Path(f).name for f in files)
