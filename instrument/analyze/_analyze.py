@@ -10,6 +10,7 @@ drops duplicates, reads every file once (in worker processes when the set is lar
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import time
@@ -18,7 +19,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from instrument.analyze._model import MemoryFile, Report, Skipped, TraceFile, label_key
+from instrument.analyze._model import (
+    MemoryFile,
+    Report,
+    Skipped,
+    TimelineLane,
+    TimelineSpans,
+    TraceFile,
+    label_key,
+)
 from instrument.analyze._ray import scan_on_ray
 from instrument.analyze.analyzers._fold import Filters, Fold
 from instrument.analyze.analyzers._snapshots import find_memory_files
@@ -29,6 +38,7 @@ from instrument.analyze.traces._names import worker_label
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
 from instrument.analyze.traces._timelines import align, find_timelines
 from instrument.naming import TIMELINE_SUFFIX
+from instrument.timeline import Span, Timeline
 
 __all__ = ["PARALLEL_MIN_BYTES", "ReadProgress", "analyze"]
 
@@ -170,7 +180,7 @@ def analyze(
         else:
             fold.add(trace, result)
     stage_stats = compare(fold.groups(), fold.step_ms())
-    timeline, timeline_note = _timeline(root, filters, skipped, notes := list(fold.notes))
+    timeline, timeline_note, timeline_spans = _timeline(root, filters, skipped, notes := list(fold.notes))
     skipped.sort(key=lambda s: s.path)
     return Report(
         directory=str(root),
@@ -188,35 +198,93 @@ def analyze(
         notes=tuple(notes),
         timeline=timeline,
         timeline_note=timeline_note,
+        timeline_spans=timeline_spans,
     )
 
 
 def _timeline(
     root: Path, filters: Filters, skipped: list[Skipped], notes: list[Skipped]
-) -> tuple[TimelineReport | None, str | None]:
-    """The step timeline from the run's timeline files, under the filters; else why there is none."""
+) -> tuple[TimelineReport | None, str | None, TimelineSpans | None]:
+    """The step timeline from the run's timeline files, under the filters, and its spans per process;
+    else why there is none."""
     timelines, unread = find_timelines(root)
     for problem in unread:  # a torn file is read up to its last record: a note, not a file left out
         (notes if any(t.path == problem.path for t in timelines) else skipped).append(problem)
     if not timelines:
-        return None, (
-            f"no step timeline in {root}: the run wrote no *{TIMELINE_SUFFIX} file "
-            "(ProfilerConfig(timeline=False), or a run from before timelines)"
+        return (
+            None,
+            (
+                f"no step timeline in {root}: the run wrote no *{TIMELINE_SUFFIX} file "
+                "(ProfilerConfig(timeline=False), or a run from before timelines)"
+            ),
+            None,
         )
     on_axis = align(timelines)
     opened = {span.step for span in on_axis.spans if span.kind == "step"}  # a span outside any step: not analysed
-    spans = [
-        span
-        for span in on_axis.spans
-        if span.step in opened
-        and (filters.ranks is None or span.rank in filters.ranks)
-        and (filters.steps is None or span.step in filters.steps)
-        and (filters.stages is None or span.kind == "step" or label_key(span.stage) in filters.stages)
-    ]
+
+    def kept(span: Span) -> bool:
+        return (
+            span.step in opened
+            and (filters.ranks is None or span.rank in filters.ranks)
+            and (filters.steps is None or span.step in filters.steps)
+            and (filters.stages is None or span.kind == "step" or label_key(span.stage) in filters.stages)
+        )
+
+    # align() lists every timeline's spans in turn: cut back into processes, for the pictures and the merged trace
+    per_process: list[tuple[Timeline, list[Span]]] | None = None
+    if sum(len(t.spans) for t in on_axis.timelines) == len(on_axis.spans):
+        rest = iter(on_axis.spans)
+        per_process = [(t, [s for s in itertools.islice(rest, len(t.spans)) if kept(s)]) for t in on_axis.timelines]
+        spans = [span for _, own in per_process for span in own]
+    else:  # pragma: no cover - align() keeps every span
+        spans = [span for span in on_axis.spans if kept(span)]
     if not spans:
-        return None, "the timeline files hold no span the filters keep"
+        return None, "the timeline files hold no span the filters keep", None
     report = analyze_timeline(spans, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0)
-    return report, None
+    return report, None, None if per_process is None else _lanes(per_process, on_axis.aligned)
+
+
+_SHIFTED_NOTE = (
+    "clocks of different hosts are not aligned: each host is drawn shifted so that its first step starts with "
+    "the reference host's; durations are right, the timing between hosts is not"
+)
+
+
+def _lanes(per_process: list[tuple[Timeline, list[Span]]], aligned: bool) -> TimelineSpans:
+    """The kept spans per process, from the first span on.
+
+    Not aligned: a host's lanes are moved so that its first step starts with the reference host's (the
+    lowest rank's), so the picture is readable; its clock's own origin (days since boot) would put it anywhere."""
+    shift: dict[str, int] = {}
+    if not aligned:
+        first: dict[str, dict[int, int]] = {}  # host -> step -> its earliest start there
+        for timeline, own in per_process:
+            starts = first.setdefault(timeline.host, {})
+            for s in own:
+                if s.kind == "step" and s.start_ns < starts.get(s.step, s.start_ns + 1):
+                    starts[s.step] = s.start_ns
+        reference = min((t for t, _ in per_process), key=lambda t: (t.rank, t.pid)).host
+        ours = first.get(reference, {})
+        for host, starts in first.items():
+            common = sorted(set(starts) & set(ours)) or sorted(starts)
+            if host != reference and common and ours:
+                step = common[0]
+                shift[host] = starts[step] - ours.get(step, min(ours.values()))
+    origin = min((s.start_ns - shift.get(timeline.host, 0) for timeline, own in per_process for s in own), default=0)
+    lanes = [
+        TimelineLane.of(
+            role=timeline.role,
+            rank=timeline.rank,
+            host=timeline.host,
+            pid=timeline.pid,
+            spans=own,
+            shift_ns=origin + shift.get(timeline.host, 0),
+        )
+        for timeline, own in per_process
+        if own
+    ]
+    lanes.sort(key=lambda lane: (lane.role, lane.rank, lane.pid))
+    return TimelineSpans(tuple(lanes), aligned=aligned, note=None if aligned else _SHIFTED_NOTE)
 
 
 def _memory_files(root: Path, filters: Filters) -> list[MemoryFile]:

@@ -1,4 +1,4 @@
-"""``instrument analyze DIR``: the table, ``--json``, the PNG and ``--html``.
+"""``instrument analyze DIR``: the table, ``--json``, the PNG, ``--html`` and ``--merged-trace``.
 
 Exit status: 0 every file was read, 1 some were skipped (one stderr line each), 2 bad arguments,
 an unreadable directory or an output that could not be written. A file read whole because no stage or
@@ -23,9 +23,9 @@ from instrument._terminal import Display, human_bytes, wanted
 from instrument.analyze._analyze import analyze
 from instrument.analyze._intervals import IntRanges
 from instrument.analyze._layout import export_layout
-from instrument.analyze._model import Skipped
+from instrument.analyze._model import Report, Skipped
 from instrument.analyze._ray import RayUnavailableError
-from instrument.analyze.render import render_text, write_html, write_png
+from instrument.analyze.render import render_text, write_html, write_merged_trace, write_png
 
 __all__ = ["DEFAULT_PNG", "add_arguments", "main_from_args", "parse_int_list"]
 
@@ -37,6 +37,7 @@ examples:
   instrument analyze outputs/profile
   instrument analyze outputs/profile --ranks 0,2 --steps 2-4 --stage update_actor --html report.html
   instrument analyze outputs/profile --json > analysis.json
+  instrument analyze outputs/profile --merged-trace merged.json.gz   # every rank's timeline: open in Perfetto
   instrument analyze outputs/profile --layout tensorboard tb-runs   # then: tensorboard --logdir tb-runs
   instrument analyze /shared/profile --ray auto      # files read as Ray tasks on the running cluster
 
@@ -84,7 +85,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--png", metavar="PATH", help=f"where the picture goes (default DIR/{DEFAULT_PNG})")
     parser.add_argument("--no-png", action="store_true", help="write no picture")
-    parser.add_argument("--html", metavar="PATH", help="also write one self-contained HTML page")
+    parser.add_argument(
+        "--html",
+        metavar="PATH",
+        help="also write one self-contained HTML page (works offline): the findings, an interactive step timeline "
+        "(a lane per rank by role, role bands past 32 processes; hover, zoom, pan), the tables and the picture",
+    )
+    parser.add_argument(
+        "--merged-trace",
+        metavar="OUT.json.gz",
+        help="also write every rank's step-timeline spans on one time axis as one Chrome trace (a process per "
+        'rank named "role rank r", steps on their own track) for Perfetto or chrome://tracing; gzip when OUT '
+        "ends in .gz",
+    )
     parser.add_argument(
         "--jobs", type=int, metavar="N", help="processes reading files (default: CPUs up to 8 for large sets)"
     )
@@ -156,8 +169,8 @@ def _not_ours(target: Path) -> str | None:
 def _export(args: argparse.Namespace) -> int:
     """``--layout KIND OUT``: the export instead of the analysis (exit 1 when a file was left out)."""
     kind, out = args.layout
-    if args.png or args.html or args.no_png:
-        return _error("--layout writes no analysis: drop --png, --no-png and --html")
+    if args.png or args.html or args.no_png or getattr(args, "merged_trace", None):
+        return _error("--layout writes no analysis: drop --png, --no-png, --html and --merged-trace")
     try:
         done = export_layout(args.directory, out, kind, ranks=args.ranks, steps=args.steps, stages=args.stage)
     except (OSError, ValueError) as exc:
@@ -235,6 +248,27 @@ def _tell_left_out(skipped: Iterable[Skipped], notes: Iterable[Skipped]) -> None
         _say(f"instrument analyze: note: {_printable(note.path)}: {_printable(note.reason)}", sys.stderr)
 
 
+def _page_and_trace(args: argparse.Namespace, report: Report) -> tuple[Path | None, Path | None] | int:
+    """``--html`` and ``--merged-trace``: the files written, or the exit status of a failure (said on stderr)."""
+    page: Path | None = None
+    if args.html:
+        try:
+            page = write_html(report, args.html)
+        except ImportError:
+            return _error("--html needs matplotlib: pip install 'instrument[analyze]'")
+        except OSError as exc:
+            return _error(f"cannot write {args.html}: {exc}")
+    merged: Path | None = None
+    if getattr(args, "merged_trace", None):
+        try:
+            merged = write_merged_trace(report, args.merged_trace)
+        except ValueError as exc:  # no step timeline: nothing to merge
+            return _error(f"--merged-trace: {exc}")
+        except OSError as exc:
+            return _error(f"cannot write {args.merged_trace}: {exc}")
+    return page, merged
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``instrument analyze`` with parsed arguments; returns the exit status."""
     ray = getattr(args, "ray", None)
@@ -277,19 +311,16 @@ def main_from_args(args: argparse.Namespace) -> int:
             if args.png:
                 return _error(f"cannot write {target}: {exc}")
             _say(f"instrument analyze: no picture: cannot write {_printable(str(target))}: {exc}", sys.stderr)
-    page: Path | None = None
-    if args.html:
-        try:
-            page = write_html(report, args.html)
-        except ImportError:
-            return _error("--html needs matplotlib: pip install 'instrument[analyze]'")
-        except OSError as exc:
-            return _error(f"cannot write {args.html}: {exc}")
+    written = _page_and_trace(args, report)
+    if isinstance(written, int):
+        return written
+    page, merged = written
 
     if args.json:
         data = report.to_dict()
         data["png"] = None if png is None else str(png)
         data["html"] = None if page is None else str(page)
+        data["merged_trace"] = None if merged is None else str(merged)
         _say_json(data)
     else:
         tty = sys.stdout.isatty()
@@ -300,4 +331,6 @@ def main_from_args(args: argparse.Namespace) -> int:
             _say(f"picture  {png}")
         if page is not None:
             _say(f"page     {page}")
+        if merged is not None:
+            _say(f"trace    {merged}")
     return 1 if report.skipped else 0

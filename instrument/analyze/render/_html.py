@@ -1,8 +1,8 @@
 """One self-contained HTML page of a :class:`~instrument.analyze.Report` (:func:`write_html`).
 
-The page holds the terminal's cells (:mod:`._tables`), the skipped files and the picture
-(:mod:`._png`) inline; it is written whole, never through a symlink or into a FIFO
-(:func:`~._destination.write_new_file`).
+The page holds the findings and the interactive step timeline (:mod:`._timeline_html`), the terminal's
+cells (:mod:`._tables`), the skipped files and the picture (:mod:`._png`) inline; it is written whole,
+never through a symlink or into a FIFO (:func:`~._destination.write_new_file`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pathlib import Path
 
 from instrument.analyze._model import Report
 from instrument.analyze.render._destination import write_new_file
-from instrument.analyze.render._png import png_bytes, stage_colors
+from instrument.analyze.render._png import png_bytes, report_colors
 from instrument.analyze.render._tables import (
     BAD_RATIO,
     GPU_HEADERS,
@@ -36,6 +36,7 @@ from instrument.analyze.render._tables import (
     summary,
     table_rows,
 )
+from instrument.analyze.render._timeline_html import timeline_section
 
 __all__ = ["write_html"]
 
@@ -107,7 +108,7 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
     (:func:`write_new_file`)."""
     esc = html.escape
     picture = base64.b64encode(png_bytes(report)).decode("ascii")
-    colors = stage_colors((s.role, s.stage) for s in report.stages)
+    colors = report_colors(report)  # one colour per stage in the table, the timeline and the picture
     columns = headers(report)
     head = "".join(f"<th>{esc(h)}</th>" for h in columns)
     body = []
@@ -136,6 +137,7 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
 <h1>instrument analyze</h1>
 <p><code>{esc(report.directory)}</code></p>
 {notes_html}
+{timeline_section(report, colors)}<h2>Stages</h2>
 <table><thead><tr>{head}</tr></thead><tbody>
 {"".join(body)}
 </tbody></table>

@@ -1,6 +1,7 @@
 """The picture of a :class:`~instrument.analyze.Report` (:func:`write_png`): (a) stage time per rank,
-(b) the per-step breakdown of stages, and when the traces hold GPU work (c) GPU time per rank,
-(d) its idle time split by cause and (e) the kernels that take the most time.
+(b) the per-step breakdown of stages, when the traces hold GPU work (c) GPU time per rank,
+(d) its idle time split by cause and (e) the kernels that take the most time, and when the run wrote a
+step timeline (f) its lanes by rank, grouped by role, steps shaded (role bands at scale, :mod:`._lanes`).
 
 matplotlib's object API (``Figure`` + Agg canvas), never ``pyplot``: no display needed and the caller's
 backend untouched; matplotlib is imported only when a picture is drawn. A stage keeps its colour from
@@ -22,9 +23,10 @@ from typing import Any
 
 from instrument.analyze._model import Report, label_key
 from instrument.analyze.render._destination import write_new_file
+from instrument.analyze.render._lanes import TimelineView, nesting_depths, steps_within, timeline_view
 from instrument.analyze.render._words import ms
 
-__all__ = ["gpu_parts", "png_bytes", "stage_colors", "write_png"]
+__all__ = ["gpu_parts", "png_bytes", "report_colors", "stage_colors", "write_png"]
 
 _MAX_HEATMAP_ROWS = 40
 
@@ -48,6 +50,16 @@ def stage_colors(series: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str
         taken.add(slot)
         colors[(role, stage)] = _PALETTE[slot]
     return colors
+
+
+def report_colors(report: Report) -> dict[tuple[str, str], str]:
+    """:func:`stage_colors` of every stage of the report: the traces' and the timeline's, so a stage has one
+    colour in the table, the timeline and the picture."""
+    keys = {(s.role, s.stage) for s in report.stages}
+    if report.timeline_spans is not None:
+        for lane in report.timeline_spans.lanes:
+            keys.update((role, stage) for kind, role, stage in lane.names if kind == "stage")
+    return stage_colors(keys)
 
 
 def _in_order(stage: Any) -> tuple[int, str, str]:
@@ -107,12 +119,15 @@ def _figure(report: Report) -> Any:
     # The heatmap shows what the table's straggler is judged by, so the boxed rank is the one it names.
     judged = any(s.judged_by == "work" and len(s.ranks) > 1 for s in report.stages)
     rows, keys, columns, values = _heatmap_rows(report, judged)
-    colors = stage_colors((s.role, s.stage) for s in report.stages)
+    colors = report_colors(report)
     gpu = [g for g in report.gpu if g["step"] is None]  # whole traces: one bar a rank
     height_a = 1.2 + 0.32 * max(len(rows), 1)
     heights = [height_a, 4.0, 3.6] if gpu else [height_a, 4.0]
     if report.gpu_idle:
         heights.append(3.8)
+    view = timeline_view(report)
+    if view is not None:
+        heights.append(1.6 + 0.3 * len(view.lanes))
     width = max(10.0, 3.5 + 0.7 * max(len(columns), len(gpu)))
     fig = Figure(figsize=(width, sum(heights) + 0.4), dpi=110, layout="constrained")
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
@@ -129,9 +144,11 @@ def _figure(report: Report) -> Any:
     if gpu:
         _draw_gpu(fig.add_subplot(grid[2]), gpu)
     if report.gpu_idle:
-        sub = grid[len(heights) - 1].subgridspec(1, 2, width_ratios=[1.0, 1.4])
+        sub = grid[len(heights) - (2 if view is not None else 1)].subgridspec(1, 2, width_ratios=[1.0, 1.4])
         _draw_idle(fig.add_subplot(sub[0]), report.gpu_idle, report.gpu_kernels)
         _draw_kernels(fig.add_subplot(sub[1]), report.gpu_kernels)
+    if view is not None:
+        _draw_timeline(fig.add_subplot(grid[len(heights) - 1]), view, colors)
     return fig
 
 
@@ -337,3 +354,73 @@ def _draw_kernels(ax: Any, kernels: Iterable[dict[str, Any]]) -> None:
     ax.set_xlabel("ms (total over ranks)", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
     ax.set_title("(e) top kernels by time (colour: their type, as in (c))", fontsize=10)
+
+
+_STEP_COLOR = "#e4e4e4"  # a lane's step span, as on the page: the grey left where no stage ran is idle time
+_DEPTH_HEIGHTS = (0.72, 0.46, 0.26)  # a stage inside another is drawn inside it
+_PICTURE_BARS = 60_000
+
+
+def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], str]) -> None:
+    """(f) the step timeline: a lane per process (or role bands), steps shaded, stages in their colours."""
+    from matplotlib.patches import Patch
+
+    kept, n_steps = steps_within(view, _PICTURE_BARS)
+    steps = [s for s in view.steps if s[0] in kept]
+    for i, (_, start, end) in enumerate(steps):
+        shade = (0.27, 0.39, 0.67, 0.13 if i % 2 == 0 else 0.04)  # steps in turn, as on the page
+        ax.axvspan(start / 1e6, end / 1e6, color=shade, zorder=0, linewidth=0)
+    every = max(1, -(-len(steps) // 16))
+    for i, (step, start, end) in enumerate(steps):
+        if i % every == 0:
+            ax.text((start + end) / 2e6, -0.7, f"step {step}", ha="center", va="bottom", fontsize=7, color="#555")
+    seen: dict[tuple[str, str], str] = {}
+    for y, drawn in enumerate(view.lanes):
+        step_bars: list[tuple[float, float]] = []
+        stage_rows: list[tuple[str, str, int, int, int]] = []
+        for kind, role, stage, step, start, end, thread in drawn.lane.rows():
+            if step not in kept:
+                continue
+            if kind == "step":
+                step_bars.append((start / 1e6, (end - start) / 1e6))
+            elif kind == "stage":
+                stage_rows.append((role, stage, start, end, thread))
+        ax.broken_barh(step_bars, (y - 0.41, 0.82), facecolors=_STEP_COLOR, zorder=1)
+        depths = nesting_depths([(s, e, t) for _, _, s, e, t in stage_rows])
+        groups: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
+        for (role, stage, start, end, _), depth in zip(stage_rows, depths, strict=True):
+            groups.setdefault((role, stage, min(depth, len(_DEPTH_HEIGHTS) - 1)), []).append(
+                (start / 1e6, (end - start) / 1e6)
+            )
+        for (role, stage, depth), runs in sorted(groups.items(), key=lambda g: g[0][2]):
+            color = colors.get((role, stage), "#7f7f7f")
+            seen.setdefault((role, stage), color)
+            height = _DEPTH_HEIGHTS[depth]
+            ax.broken_barh(runs, (y - height / 2, height), facecolors=color, zorder=2 + depth, linewidth=0)
+    first = 0
+    for role in view.roles:
+        count = sum(1 for d in view.lanes if d.lane.role == role)
+        if first and count:
+            ax.axhline(first - 0.5, color="#999", linewidth=0.8, zorder=5)
+        first += count
+    ax.set_yticks(range(len(view.lanes)), [d.label for d in view.lanes], fontsize=8)
+    ax.set_ylim(len(view.lanes) - 0.5, -1.0)  # first lane at the top, room for the step labels
+    ax.set_xlabel("ms since the first span", fontsize=8)
+    ax.tick_params(axis="x", labelsize=8)
+    title = f"(f) step timeline: {view.caption}"
+    if len(steps) < n_steps:
+        title += f"; steps {steps[0][0]}-{steps[-1][0]} of {n_steps}"
+    ax.set_title(title, fontsize=10)
+    roles = len({role for role, _ in seen})
+    handles = [
+        Patch(color=c, label=stage if roles == 1 else f"{role}: {stage}") for (role, stage), c in sorted(seen.items())
+    ]
+    handles.append(Patch(color=_STEP_COLOR, label="step (grey: idle)"))
+    ax.legend(
+        handles=handles,
+        fontsize=8,
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.3),
+        ncol=min(3, len(handles)),
+        frameon=False,
+    )

@@ -1,0 +1,163 @@
+"""Which timeline lanes a picture draws, and the steps it shades (:func:`timeline_view`): pure, for the page
+and the PNG alike.
+
+Up to :data:`FULL_LANES` processes, every one is drawn. Past that, a lane per rank is unreadable (and, at
+4,096 ranks, megabytes of bars), so each role becomes a band of a few lanes: its median rank (by busy time
+summed over the steps), the ranks its findings name (a straggler) and its :data:`OUTLIERS` busiest others.
+The merged trace (``--merged-trace``) keeps every rank.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+
+from instrument.analyze._model import Report, TimelineLane
+
+__all__ = [
+    "FULL_LANES",
+    "OUTLIERS",
+    "DrawnLane",
+    "TimelineView",
+    "lane_labels",
+    "nesting_depths",
+    "steps_within",
+    "timeline_view",
+]
+
+FULL_LANES = 32
+"""Processes drawn one lane each; past this many, role bands."""
+OUTLIERS = 3
+"""The busiest ranks drawn per role band, beside its median rank and the ranks its findings name."""
+_KIND_WORDS = {"straggler": "straggler", "bubble": "bubble", "dominant_stage": "dominant stage", "slow_step": "slow"}
+
+
+@dataclass(frozen=True)
+class DrawnLane:
+    lane: TimelineLane
+    label: str  # "actor rank 3", or in a band "actor rank 3 (straggler)"
+    busy_ms: float  # its stages' time, summed over the steps
+
+
+@dataclass(frozen=True)
+class TimelineView:
+    lanes: tuple[DrawnLane, ...]  # by role, then (in a band) median first
+    ranks: dict[str, int]  # every process per role, drawn or not
+    steps: tuple[tuple[int, int, int], ...]  # (step, first start ns, last end ns) over every lane
+    banded: bool
+    caption: str  # what is drawn, in words
+
+    @property
+    def roles(self) -> list[str]:
+        return sorted(self.ranks)
+
+
+def _busy(report: Report, lanes: tuple[TimelineLane, ...]) -> dict[tuple[str, int], float]:
+    """Busy ms per (role, rank), summed over the steps: the analysis's union where it has the lane, else the sum
+    of the lane's stage spans."""
+    busy: dict[tuple[str, int], float] = defaultdict(float)
+    if report.timeline is not None:
+        for step in report.timeline.steps:
+            for row in step.ranks:
+                busy[row.role, row.rank] += row.busy_ms
+    for lane in lanes:
+        if (lane.role, lane.rank) not in busy:
+            stage = [i for i, (kind, _, _) in enumerate(lane.names) if kind == "stage"]
+            wanted = set(stage)
+            total = sum(e - s for n, s, e in zip(lane.name, lane.start_ns, lane.end_ns, strict=True) if n in wanted)
+            busy[lane.role, lane.rank] = total / 1e6
+    return busy
+
+
+def _steps(lanes: tuple[TimelineLane, ...]) -> tuple[tuple[int, int, int], ...]:
+    extent: dict[int, list[int]] = {}
+    for lane in lanes:
+        steps = {i for i, (kind, _, _) in enumerate(lane.names) if kind == "step"}
+        for n, step, start, end in zip(lane.name, lane.step, lane.start_ns, lane.end_ns, strict=True):
+            if n in steps:
+                held = extent.setdefault(step, [start, end])
+                held[0], held[1] = min(held[0], start), max(held[1], end)
+    return tuple((step, low, high) for step, (low, high) in sorted(extent.items()))
+
+
+def timeline_view(report: Report, full_lanes: int = FULL_LANES, outliers: int = OUTLIERS) -> TimelineView | None:
+    """The lanes to draw (every process, or role bands past ``full_lanes``) and the steps; ``None`` without
+    a timeline."""
+    spans = report.timeline_spans
+    if spans is None or not spans.lanes:
+        return None
+    busy = _busy(report, spans.lanes)
+    by_role: dict[str, list[TimelineLane]] = defaultdict(list)
+    for lane in spans.lanes:
+        by_role[lane.role].append(lane)
+    ranks = {role: len(lanes) for role, lanes in by_role.items()}
+    steps = _steps(spans.lanes)
+    names = lane_labels(spans.lanes)
+    if len(spans.lanes) <= full_lanes:
+        drawn = tuple(DrawnLane(lane, names[id(lane)], busy[lane.role, lane.rank]) for lane in spans.lanes)
+        caption = f"every process, one lane each ({len(drawn)})"
+        return TimelineView(drawn, ranks, steps, banded=False, caption=caption)
+    named: dict[tuple[str, int], str] = {}
+    for finding in report.timeline.findings if report.timeline is not None else ():
+        if finding.role is not None and finding.rank is not None:
+            named.setdefault((finding.role, finding.rank), _KIND_WORDS.get(finding.kind, finding.kind))
+    out: list[DrawnLane] = []
+    for role in sorted(by_role):
+        lanes = sorted(by_role[role], key=lambda lane: (busy[lane.role, lane.rank], lane.rank, lane.pid))
+        median = lanes[(len(lanes) - 1) // 2]
+        chosen = [(median, f"median of {len(lanes):,}")]
+        flagged = [lane for lane in lanes if (role, lane.rank) in named and lane is not median]
+        chosen += [(lane, named[role, lane.rank]) for lane in flagged]
+        taken = {id(lane) for lane, _ in chosen}
+        busiest = [lane for lane in reversed(lanes) if id(lane) not in taken][:outliers]
+        chosen += [(lane, "busiest") for lane in sorted(busiest, key=lambda lane: lane.rank)]
+        out += [DrawnLane(lane, f"{names[id(lane)]} ({why})", busy[role, lane.rank]) for lane, why in chosen]
+    caption = (
+        f"{len(spans.lanes):,} processes: per role its median rank by busy time, the ranks findings name and the "
+        f"{outliers} busiest (--merged-trace writes every rank)"
+    )
+    return TimelineView(tuple(out), ranks, steps, banded=True, caption=caption)
+
+
+def nesting_depths(rows: list[tuple[int, int, int]]) -> list[int]:
+    """The nesting depth of each (start, end, thread) span among the spans of its thread."""
+    order = sorted(range(len(rows)), key=lambda i: (rows[i][2], rows[i][0], -rows[i][1]))
+    depth = [0] * len(rows)
+    stack: list[int] = []  # ends of the open spans of the current thread
+    thread = None
+    for i in order:
+        start, end, th = rows[i]
+        if th != thread:
+            stack, thread = [], th
+        while stack and stack[-1] <= start:
+            stack.pop()
+        depth[i] = len(stack)
+        stack.append(end)
+    return depth
+
+
+def steps_within(view: TimelineView, limit: int) -> tuple[set[int], int]:
+    """The first steps whose stage spans (on the drawn lanes) fit in ``limit`` bars, and how many steps there are."""
+    per_step: dict[int, int] = defaultdict(int)
+    for drawn in view.lanes:
+        lane = drawn.lane
+        stages = {i for i, (kind, _, _) in enumerate(lane.names) if kind == "stage"}
+        for n, step in zip(lane.name, lane.step, strict=True):
+            if n in stages:
+                per_step[step] += 1
+    kept: set[int] = set()
+    total = 0
+    for step, _, _ in view.steps:
+        total += per_step.get(step, 0)
+        if total > limit and kept:
+            break
+        kept.add(step)
+    return kept, len(view.steps)
+
+
+def lane_labels(lanes: tuple[TimelineLane, ...]) -> dict[int, str]:
+    """``actor rank 3`` by ``id(lane)``; with the pid when two processes share a role and rank (a restarted worker)."""
+    twins = Counter((lane.role, lane.rank) for lane in lanes)
+    return {
+        id(lane): lane.label if twins[lane.role, lane.rank] == 1 else f"{lane.label} pid {lane.pid}" for lane in lanes
+    }
