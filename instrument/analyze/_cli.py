@@ -240,6 +240,11 @@ def _wrong_arguments(args: argparse.Namespace, ray: str | bool | None) -> str | 
     return None
 
 
+def _reason(exc: OSError) -> str:
+    """Why a write failed, without the file name: the writers go through hidden temp files the user never named."""
+    return exc.strerror or str(exc)
+
+
 def _tell_left_out(skipped: Iterable[Skipped], notes: Iterable[Skipped]) -> None:
     """One stderr line per file skipped, then per file read whole for want of a stage or step."""
     for item in skipped:
@@ -257,7 +262,7 @@ def _page_and_trace(args: argparse.Namespace, report: Report) -> tuple[Path | No
         except ImportError:
             return _error("--html needs matplotlib: pip install 'instrument[analyze]'")
         except OSError as exc:
-            return _error(f"cannot write {args.html}: {exc}")
+            return _error(f"cannot write {args.html}: {_reason(exc)}")
     merged: Path | None = None
     if getattr(args, "merged_trace", None):
         try:
@@ -265,7 +270,7 @@ def _page_and_trace(args: argparse.Namespace, report: Report) -> tuple[Path | No
         except ValueError as exc:  # no step timeline: nothing to merge
             return _error(f"--merged-trace: {exc}")
         except OSError as exc:
-            return _error(f"cannot write {args.merged_trace}: {exc}")
+            return _error(f"cannot write {args.merged_trace}: {_reason(exc)}")
     return page, merged
 
 
@@ -309,8 +314,8 @@ def main_from_args(args: argparse.Namespace) -> int:
             _say("instrument analyze: no picture: matplotlib is not installed", sys.stderr)
         except OSError as exc:
             if args.png:
-                return _error(f"cannot write {target}: {exc}")
-            _say(f"instrument analyze: no picture: cannot write {_printable(str(target))}: {exc}", sys.stderr)
+                return _error(f"cannot write {target}: {_reason(exc)}")
+            _say(f"instrument analyze: no picture: cannot write {_printable(str(target))}: {_reason(exc)}", sys.stderr)
     written = _page_and_trace(args, report)
     if isinstance(written, int):
         return written
