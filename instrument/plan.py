@@ -270,8 +270,18 @@ def _windows(
             notes.append("no schedule is set: scheduled stages are recorded whole, one trace each")
         return _NO_WINDOWS
     if not config.discrete:
-        notes.append("continuous mode writes one trace per step; the schedule applies only in discrete mode")
-        return _NO_WINDOWS
+        if config.dialect != "verl":
+            notes.append("continuous mode writes one trace per step; the schedule applies only in discrete mode")
+            return _NO_WINDOWS
+        # verl's dialect: one schedule over the step, advanced by every scheduled stage's mini-batches (docs/modes.md)
+        num_mini_batches *= sum(stage.scheduled for stage in stages)
+        if not scheduled:
+            recorded = schedule.first_recorded(sched) == 0
+            notes.append(
+                "no stage is scheduled (use NAME:scheduled): "
+                + ("each step is recorded whole" if recorded else "the schedule never records, nothing is written")
+            )
+            return _NO_WINDOWS
     if not scheduled:
         notes.append("a schedule is set but no stage is scheduled (use NAME:scheduled): it never applies")
     windows = schedule.window_series(num_mini_batches, sched)
@@ -316,7 +326,11 @@ def plan_run(
     windows = _windows(config, tuple(stages), num_mini_batches, notes)
 
     if not config.discrete:
-        segments: tuple[_Segment, ...] = (_Segment(naming.CONTINUOUS_STAGE, None),)
+        # verl's dialect keeps a scheduled step's windows; a step without scheduled mini-batches is saved
+        # whole when the schedule records from its start
+        sched = config.schedule if config.dialect == "verl" else None
+        whole = sched is None or (windows.total == 0 and schedule.first_recorded(sched) == 0)
+        segments: tuple[_Segment, ...] = (_Segment(naming.CONTINUOUS_STAGE, None if whole else windows),)
     else:
         segments = tuple(
             _Segment(stage.name, windows if stage.scheduled and config.schedule is not None else None)

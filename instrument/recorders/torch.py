@@ -147,7 +147,11 @@ class TorchBackend:
         return self._profile is not None
 
     def start(self, spec: TraceSpec) -> None:
-        """Open a trace; with ``spec.schedule`` it records only the scheduled mini-batch windows."""
+        """Open a trace; with ``spec.schedule`` it records only the scheduled mini-batch windows.
+
+        A continuous step's trace with a schedule (verl's dialect) is saved per window too: what lies
+        outside the windows (stages before the first recorded mini-batch, after the last) is dropped.
+        """
         if self._profile is not None:
             raise RuntimeError(f"a trace is already open ({self._spec})")
         schedule_fn = None
@@ -184,7 +188,10 @@ class TorchBackend:
     def window_step(self) -> None:
         """One mini-batch of a scheduled trace has ended: advance its schedule."""
         if self._profile is not None:
-            self._profile.step()
+            with warnings.catch_warnings():
+                # "Profiler clears events at the end of each cycle" (torch warns at a second cycle): intended
+                warnings.filterwarnings("ignore", ".*Profiler clears events", UserWarning)
+                self._profile.step()
 
     def stop(self) -> None:
         """Close the open trace; a window the loop ended inside is saved as partial."""
@@ -237,9 +244,12 @@ class TorchBackend:
                 partial = True
             else:
                 first, last = window_of(done - 1, spec.schedule)
-            if last < first:
+            if done == 0 and spec.stage == naming.CONTINUOUS_STAGE:
+                partial = False  # a step without scheduled mini-batches, recording at its end: all of it, as verl
+            elif last < first:
                 return  # the loop ended where a window begins: nothing was recorded
-            window = (first, last)
+            else:
+                window = (first, last)
         basename = basename_of(spec, window=window, partial=partial)
         json_path = self._exports.folder(spec.save_path) / f"{basename}.json"
         profile.export_chrome_trace(str(json_path))

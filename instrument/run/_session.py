@@ -18,7 +18,7 @@ from typing import Any
 from instrument import naming, recorders
 from instrument import ranks as _ranks
 from instrument._warnings import WarnOnce
-from instrument.config import ProfilerConfig
+from instrument.config import ProfilerConfig, Schedule
 from instrument.finish._coordinator import FinishCoordinator
 from instrument.manifest import Manifest, TraceRecord
 from instrument.recorders import FastRanges, Recorder, TraceSpec
@@ -49,6 +49,11 @@ def is_last_step(config: ProfilerConfig, step: int, *, last: bool) -> bool:
     """
     may_trigger = config.trigger is not None or config.on_demand
     return last or (not may_trigger and config.steps is not None and step >= config.steps[-1])
+
+
+def continuous_schedule(config: ProfilerConfig) -> Schedule | None:
+    """The schedule a continuous step's trace follows: verl's, in verl's dialect; none (the whole step) otherwise."""
+    return config.schedule if config.dialect == "verl" else None
 
 
 class Session(StageTracing):
@@ -213,8 +218,11 @@ class Session(StageTracing):
             self.profiled_steps.append(step)
             backend.on_step(self.role, step)
             if not self.config.discrete and self._may_start(naming.CONTINUOUS_STAGE):
-                backend.start(self._spec(naming.CONTINUOUS_STAGE))
-                self._offer_fast_ranges(backend)  # stages of this step need only a range in its trace
+                schedule = continuous_schedule(self.config)
+                backend.start(self._spec(naming.CONTINUOUS_STAGE, schedule))
+                self._scheduled_step = schedule is not None
+                if schedule is None:  # with one, every stage keeps its frame: scheduled ones advance it
+                    self._offer_fast_ranges(backend)  # stages of this step need only a range in its trace
             elif self.config.discrete:
                 self._offer_fast_ranges(backend)  # each stage opens its own trace (NVTX: a capture range and range)
             STATE.recording = STATE.engaged = True

@@ -120,6 +120,9 @@ class StageTracing:
     _guests: int
     _stale: int
     _never_recorded: set[str]
+    # The open trace is the step's and follows the schedule (continuous mode, verl's dialect): the
+    # mini-batches of every scheduled stage in the step advance it, as verl's one profiler per process.
+    _scheduled_step = False
 
     _fail: Callable[[str, BaseException], None]
     _spec: Callable[..., TraceSpec]
@@ -144,10 +147,10 @@ class StageTracing:
 
         ``what`` (and ``of``, joined only on failure: no string is built per call) names the failure.
         """
-        backend, owner = self._backend, self._owner
+        backend, owner, scheduled_step = self._backend, self._owner, self._scheduled_step
         self._trace += 1
         self._stale += self._guests + (1 if owner is not None and not self._owner_left else 0)
-        self._owner, self._owner_left, self._guests = None, False, 0
+        self._owner, self._owner_left, self._guests, self._scheduled_step = None, False, 0, False
         if backend is None or not backend.tracing:
             return
         try:
@@ -156,6 +159,8 @@ class StageTracing:
                 self.metrics.windows.inc(backend.windows_saved)
             if owner is not None and owner.windowed and backend.windows_saved == 0:
                 self._report_never_recorded(owner)
+            elif scheduled_step and backend.windows_saved == 0:
+                self._report_step_never_recorded()
         except Exception as exc:
             self._fail(f"{what} {of}" if of else what, exc)
 
@@ -173,6 +178,7 @@ class StageTracing:
             if backend.tracing:  # another stage's trace (or the step's): a range in it
                 self._guests += 1
                 frame.trace = self._trace
+                frame.windowed = scheduled and self._scheduled_step  # its mini-batches advance the step's schedule
             elif self.config.discrete and self.step_profiled and self._may_start(name):
                 windowed = scheduled and self.config.schedule is not None
                 backend.start(self._spec(name, self.config.schedule if windowed else None, role))
@@ -233,6 +239,16 @@ class StageTracing:
             self.config.schedule,
         )
 
+    def _report_step_never_recorded(self) -> None:
+        if "" in self._never_recorded:  # one warning per run: the same schedule misses every step alike
+            return
+        self._never_recorded.add("")
+        logger.warning(
+            "instrument: continuous steps follow the schedule %s (verl's dialect); a step's trace recorded no "
+            "window, so nothing was written for it (docs/modes.md; warned once)",
+            self.config.schedule,
+        )
+
     def enter_window(self, mini_batch: int) -> tuple[_Frame | None, Callable[[], None] | None]:
         """A mini-batch begins in this context's innermost stage: record its range."""
         frame = innermost_frame()
@@ -263,10 +279,10 @@ class StageTracing:
                 return
             frame.window_open, frame.close_window = False, None
             frame.mini_batches += 1
-            if frame.windowed and frame is self._owner and self._backend is not None:
+            if frame.windowed and frame.trace == self._trace and self._backend is not None:
                 held = self._acquire()
                 try:
-                    if frame is self._owner:  # still its trace: not stopped under it meanwhile
+                    if frame.trace == self._trace:  # still its trace: not stopped under it meanwhile
                         self._backend.window_step()
                 finally:
                     self._release(held)
