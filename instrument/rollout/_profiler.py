@@ -343,7 +343,7 @@ class RolloutProfiler:
         self.role = role
         self.replica = engine_to_drive(rank, gpus_per_replica=gpus_per_replica, world_size=world_size, config=config)
         declined = verl_declines(config) if config.active else None
-        if declined is not None:
+        if declined is not None and ranks.local_rank_of(rank, gpus_per_replica) == 0:  # one line per replica
             # verl warns about the tool and says nothing about the mode; one line each way here
             log = logger.warning if "tool" in declined else logger.info
             log("instrument: rollout rank %d does not profile its engine: %s (docs/rollout.md)", rank, declined)

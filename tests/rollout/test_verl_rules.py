@@ -131,6 +131,23 @@ def test_continuous_verl_says_once_why_the_engine_is_not_profiled(
     assert "discrete mode only" in said[0].getMessage()
 
 
+def test_only_a_replicas_driving_rank_says_it(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="instrument")
+    cfg = _verl(tmp_path / "save", discrete=False)
+    driver = InProcessEngineDriver(_Engine(replica_profiler_dir(tmp_path / "prof", 0), 2))
+    for rank in (1, 3):  # TP peers never drive their replica: nothing to say
+        RolloutProfiler(
+            cfg,
+            driver,
+            rank=rank,
+            world_size=4,
+            gpus_per_replica=2,
+            profiler_base=tmp_path,
+            manifest=Manifest(cfg.save_path),
+        )
+    assert not [r for r in caplog.records if "does not profile its engine" in r.getMessage()]
+
+
 @pytest.mark.parametrize("tool", ["nsys", "torch_memory"])
 def test_verl_profiles_an_engine_with_the_torch_tool_only(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, tool: str
