@@ -99,7 +99,7 @@ class Session(StageTracing):
 
                 self.metrics = StageMetrics(role=role, rank=rank, rank_label=config.metrics_rank_label)
             except Exception as exc:
-                self._fail("cannot record stage metrics (is prometheus_client installed?)", exc)
+                self._fail("cannot record stage metrics", exc)  # a missing prometheus_client names its extra
         self.timeline: TimelineWriter | None = None
         if config.timeline and config.enable:  # enable=False: nothing written, nothing timed
             self.timeline = TimelineWriter(
