@@ -103,9 +103,17 @@ class Session(StageTracing):
         self.timeline: TimelineWriter | None = None
         if config.timeline and config.enable:  # enable=False: nothing written, nothing timed
             self.timeline = TimelineWriter(
-                config.save_path, role=role, rank=rank, world_size=world_size, publish=self.publish, report=self._fail
+                config.save_path,
+                role=role,
+                rank=rank,
+                world_size=world_size,
+                publish=self.publish,
+                report=self._fail,
+                ready=self.save_path_ready,
             )
         self._step_started_ns = 0
+        self._save_path_ok: bool | None = None
+        self._save_path_lock = threading.Lock()
         self._lock = threading.RLock()
         self._finish_lock = threading.Lock()  # finish() once; never held while recording
 
@@ -157,13 +165,28 @@ class Session(StageTracing):
     def _ensure_backend(self) -> Recorder | None:
         if self._backend is not None or self._backend_failed:
             return self._backend
+        if not self.save_path_ready():
+            self._backend_failed = True
+            return None
         try:
-            Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
             self._backend = recorders.build(self.config.tool, self.publish, self._fail, config=self.config)
         except Exception as exc:
             self._backend_failed = True
             self._fail(f"cannot profile into {self.config.save_path!r}", exc)
         return self._backend
+
+    def save_path_ready(self) -> bool:
+        """Whether ``save_path`` is a folder, made at the first call (any thread); the recorder and the timeline
+        both ask, so a save_path that cannot be made is one failure, warned about once."""
+        with self._save_path_lock:
+            if self._save_path_ok is None:
+                try:
+                    Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
+                    self._save_path_ok = True
+                except Exception as exc:
+                    self._save_path_ok = False
+                    self._fail(f"cannot profile into {self.config.save_path!r}", exc)
+            return self._save_path_ok
 
     def publish(self, record: TraceRecord) -> None:
         """A recorder saved a complete file (any thread): list it in the manifest and the run."""
@@ -260,6 +283,8 @@ class Session(StageTracing):
             self._release(held)
         after_last = step is not None and is_last_step(self.config, step, last=last)
         if after_last and self.hook.automatic and self.hook.pending:
+            if self.timeline is not None:
+                self.timeline.write_now()  # the hook sees every step so far (listed at the run's end)
             self.wait_for_exports()
             if not failed:
                 self.hook.meet_peers()
@@ -335,7 +360,7 @@ class Session(StageTracing):
                 self.exit_window(owner, owner.close_window)
             self._stop_trace("could not flush traces")
             if self.timeline is not None:
-                self.timeline.write_now()
+                self.timeline.close()  # bounded; listed in the manifest before a hook or a SIGTERM death
             if self._backend is not None:
                 try:
                     self._backend.close()
@@ -381,8 +406,6 @@ class Session(StageTracing):
                 self.flush()
                 if run_hook and self.hook.automatic:
                     self.run_finish_hook()
-                if self.timeline is not None:
-                    self.timeline.close()  # bounded; lists the file in the manifest, which closes next
                 self.finished = True
                 self._manifest.close()
                 if STATE.session is self:

@@ -7,7 +7,8 @@ and threads, encoding (:mod:`instrument.timeline`), writing — happens on the w
 woken at the end of each step and every :data:`FLUSH_EVERY_S` seconds. ``deque.append`` and
 ``popleft`` are atomic, so neither side takes a lock.
 
-The file is created exclusively in ``save_path`` (never through a symlink) at the first write and
+The file is created exclusively in ``save_path`` (never through a symlink; ``ready`` says first whether the
+run could make that folder, and reports it when not) at the first write and
 appended to as the run goes, so a crash keeps every span written so far; it is listed in the manifest
 when the run closes it. Failures are reported once through ``report`` and stop the timeline (training
 goes on). At most :data:`MAX_PENDING` spans wait at once: beyond that, spans are dropped and counted
@@ -60,11 +61,12 @@ class TimelineWriter:
         world_size: int,
         publish: Callable[[TraceRecord], None],
         report: Callable[[str, BaseException], None],
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         self.pending: deque[tuple[Any, ...]] = deque()
         self.dropped = 0
         self._save_path, self._role, self._rank, self._world_size = save_path, role, rank, world_size
-        self._publish, self._report = publish, report
+        self._publish, self._report, self._ready = publish, report, ready
         self._names: dict[Any, int] = {}
         self._threads: dict[int, int] = {}
         self._fd: int | None = None
@@ -179,6 +181,10 @@ class TimelineWriter:
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
+            if self._ready is not None and not self._ready():  # save_path unusable: reported by the run, once
+                self._failed = True
+                self.pending.clear()
+                return
             self._fd = self._create()
         view = memoryview(data)
         while view:
