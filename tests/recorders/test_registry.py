@@ -6,9 +6,7 @@ These run without torch: the session's decisions are checked through what it ask
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +14,12 @@ import pytest
 
 import instrument as ins
 import instrument.testing
-from instrument.manifest import TraceRecord, read_manifests
 from instrument.recorders import (
     Publish,
     Report,
     TraceSpec,
     _registry,
-    recorder_class,
     register_recorder,
-    registered_tools,
 )
 from instrument.testing import RecorderCall as Call
 from tests.conftest import without_timeline
@@ -140,67 +135,6 @@ def test_capture_alongside_keeps_the_configured_recorder(tmp_path: Path) -> None
         files = without_timeline(ins.finish())
     assert Call("start", "compute_log_prob") in calls
     assert len(files) == 1 and files[0].endswith(".pt.trace.json.gz")
-
-
-class LinesRecorder:
-    """A whole new recorder in a few lines: one JSON-lines file per stage with its ranges."""
-
-    tool = "lines"
-    stage_range_in_windows = True
-
-    def __init__(self, publish: Publish, report: Report) -> None:
-        self._publish = publish
-        self._spec: TraceSpec | None = None
-        self._lines: list[str] = []
-        self.windows_saved = 0
-
-    @property
-    def tracing(self) -> bool:
-        return self._spec is not None
-
-    def on_step(self, role: str, step: int) -> None:
-        pass
-
-    def start(self, spec: TraceSpec) -> None:
-        self._spec, self._lines, self.windows_saved = spec, [], 0
-
-    def window_step(self) -> None:
-        pass
-
-    def enter_range(self, name: str, *, concurrent: bool = False) -> Callable[[], None]:
-        self._lines.append(name)
-        return lambda: None
-
-    def stop(self) -> None:
-        spec: Any = self._spec
-        if spec is None:
-            return
-        self._spec, self.windows_saved = None, 1
-        name = f"{spec.role}_{spec.stage}_step{spec.step}.lines.json"
-        path = Path(spec.save_path) / name
-        path.write_text(json.dumps(self._lines))
-        self._publish(TraceRecord(**spec.identity_fields(), path=name, bytes=path.stat().st_size, tool=self.tool))
-
-    def flush(self) -> None:
-        pass
-
-    def close(self) -> None:
-        self.stop()
-
-
-def test_a_registered_recorder_records_and_the_session_lists_its_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))  # the registry is process-wide
-    register_recorder("lines", f"{__name__}:LinesRecorder")
-    assert "lines" in registered_tools() and recorder_class("lines") is LinesRecorder
-    ins.configure(ins.ProfilerConfig(tool="lines", save_path=str(tmp_path), steps=(1,)), role="actor", rank=0)
-    with ins.profile_step(1):
-        _update(2)
-    files = without_timeline(ins.finish())
-    assert [Path(f).name for f in files] == ["actor_update_actor_step1.lines.json"]
-    assert json.loads(Path(files[0]).read_text()) == ["update_actor", "mini_batch0", "mini_batch1"]
-    assert [r.tool for r in without_timeline(read_manifests(tmp_path))] == ["lines"]
 
 
 @pytest.mark.parametrize(
