@@ -17,12 +17,15 @@ them when called.  See ``docs/analyze.md``.
 from __future__ import annotations
 
 from instrument.analyze._analyze import analyze
+from instrument.analyze._compare_model import Comparison
+from instrument.analyze._compare_runs import compare
 from instrument.analyze._model import CLOCK_CAVEAT, MemoryFile, RankStats, Report, Skipped, StageStats, TraceFile
 from instrument.analyze._ray import RayUnavailableError
 from instrument.analyze.render import render_text, write_html, write_png
 
 __all__ = [
     "CLOCK_CAVEAT",
+    "Comparison",
     "MemoryFile",
     "RankStats",
     "RayUnavailableError",
@@ -31,6 +34,7 @@ __all__ = [
     "StageStats",
     "TraceFile",
     "analyze",
+    "compare",
     "render_text",
     "write_html",
     "write_png",
