@@ -1,4 +1,4 @@
-"""The ``instrument`` command line: ``plan``, ``rollout`` (:mod:`instrument.rollout._cli`) and ``analyze``.
+"""The ``instrument`` command line: ``plan``, ``rollout`` (:mod:`instrument.rollout._cli`), ``analyze``, ``compare``.
 
 The demos live in ``examples/``.
 """
@@ -82,6 +82,14 @@ def _build_parser() -> argparse.ArgumentParser:
         description="Read every trace of a save_path (streaming) and report stage times across ranks and steps.",
     )
     analyze_cli.add_arguments(analyze)
+    from instrument.analyze import _compare_cli as compare_cli
+
+    compare = commands.add_parser(
+        "compare",
+        help="compare two runs: what got slower beyond the noise, down to the ops and kernels",
+        description="Compare a candidate run against a baseline (two save_paths or two analyze --json outputs).",
+    )
+    compare_cli.add_arguments(compare)
     return parser
 
 
@@ -219,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from instrument.analyze import _cli as analyze_cli
 
             return analyze_cli.main_from_args(args)
+        if args.command == "compare":
+            from instrument.analyze import _compare_cli as compare_cli
+
+            return compare_cli.main_from_args(args)
     except (ValueError, TypeError, OSError) as exc:
         print(f"instrument {args.command}: error: {exc}", file=sys.stderr)
         return 2
