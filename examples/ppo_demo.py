@@ -2,6 +2,7 @@
 
     python examples/ppo_demo.py --config examples/demo.yaml --num-steps 4
     python examples/ppo_demo.py --slow-step 5            # the slow-step trigger profiles step 6
+    python examples/ppo_demo.py --slow-stage generate_sequences:1.3 save_path=outputs/slow/profile
 
 One process plays a fused ``actor_rollout_ref`` worker plus a critic: every RL step it
 
@@ -84,6 +85,66 @@ class DemoResult:
     def traces(self) -> tuple[Path, ...]:
         """The trace files among :attr:`files`."""
         return tuple(f for f in self.files if f.name.endswith(TRACE_SUFFIX))
+
+
+# --------------------------------------------------------------------------- a slowed stage
+
+
+_WORKERS = (RolloutWorker, ActorWorker, RefWorker, CriticWorker)
+
+
+def parse_slow_stage(text: str) -> tuple[str, float]:
+    """``generate_sequences:1.3`` -> ``("generate_sequences", 1.3)``; ``ValueError`` unless FACTOR >= 1."""
+    name, sep, factor = text.rpartition(":")
+    try:
+        value = float(factor)
+    except ValueError:
+        value = float("nan")
+    if not sep or not name or not value >= 1 or value == float("inf"):
+        raise ValueError(f"'slow_stage' must be NAME:FACTOR with FACTOR >= 1, e.g. update_actor:1.3 (got {text!r})")
+    if not any(callable(getattr(worker, name, None)) for worker in _WORKERS):
+        raise ValueError(f"'slow_stage': no stage named {name!r} (the demo's stages are its workers' methods)")
+    return name, value
+
+
+def slow_down(trainer: Trainer, stage: str, factor: float) -> None:
+    """Make every forward pass of ``stage``'s models take ``factor`` times as long, with real work inside it.
+
+    The worker's method is wrapped so that, only while the stage runs, a forward hook on each of its models
+    repeats a small ``torch.mm`` for ``factor - 1`` times the forward's own time: the stage grows by about
+    that factor where forward passes are its work (``generate_sequences``, the ``compute_*`` stages), by less
+    in the updates, and the extra time shows up as ``aten::mm`` in its traces. Plain torch hooks and the
+    worker's own attributes: nothing of instrument but its public API runs.
+    """
+    workers = [w for w in (trainer.rollout, trainer.actor, trainer.ref, trainer.critic) if type(w) in _WORKERS]
+    found = [w for w in workers if callable(getattr(type(w), stage, None))]
+    if not found:
+        raise ValueError(f"'slow_stage': no stage named {stage!r} (the demo's stages are its workers' methods)")
+    worker = found[0]
+    models = [m for m in vars(worker).values() if isinstance(m, torch.nn.Module)]
+    method = getattr(worker, stage)
+    block = torch.ones(64, 64)
+    started: list[float] = []
+
+    def before(module: torch.nn.Module, inputs: object) -> None:
+        started.append(time.perf_counter())
+
+    def after(module: torch.nn.Module, inputs: object, output: object) -> None:
+        begun = started.pop()
+        deadline = time.perf_counter() + (factor - 1) * (time.perf_counter() - begun)
+        torch.mm(block, block)  # at least once: the planted op is in every slowed forward's trace
+        while time.perf_counter() < deadline:
+            torch.mm(block, block)
+
+    def slowed(*args: object, **kwargs: object) -> object:
+        hooks = [h for m in models for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
+        try:
+            return method(*args, **kwargs)
+        finally:
+            for hook in hooks:
+                hook.remove()
+
+    setattr(worker, stage, slowed)
 
 
 # --------------------------------------------------------------------------- the run
@@ -196,12 +257,19 @@ def prepare(
 
 
 def train(
-    cfg: ins.ProfilerConfig, steps_total: int, *, seed: int = 0, out: TextIO | None = None, slow_step: int | None = None
+    cfg: ins.ProfilerConfig,
+    steps_total: int,
+    *,
+    seed: int = 0,
+    out: TextIO | None = None,
+    slow_step: int | None = None,
+    slow_stage: tuple[str, float] | None = None,
 ) -> DemoResult:
     """Configure instrument (role :data:`ROLE`, rank 0 of 1), run the steps, ``finish()``, print a summary.
 
     A line per step goes to ``out`` (default ``sys.stdout``); ``slow_step`` sleeps in that step so
-    that the slow-step trigger profiles the next one. The caller's global torch RNG is left as it was.
+    that the slow-step trigger profiles the next one; ``slow_stage`` (name, factor) slows a stage in every
+    step (:func:`slow_down`). The caller's global torch RNG is left as it was.
     """
     save_path = Path(cfg.save_path).absolute()
     stream = sys.stdout if out is None else out
@@ -217,6 +285,8 @@ def train(
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG as it was
         torch.manual_seed(seed)
         trainer = Trainer(seed)
+        if slow_stage is not None:
+            slow_down(trainer, *slow_stage)
         longest = 0.0
         for step in range(1, steps_total + 1):
             started = time.perf_counter()
@@ -259,10 +329,11 @@ def run_demo(
     seed: int = 0,
     out: TextIO | None = None,
     slow_step: int | None = None,
+    slow_stage: tuple[str, float] | None = None,
 ) -> DemoResult:
     """:func:`prepare` then :func:`train`: the whole demo under ``config_path`` plus dotted ``overrides``."""
     cfg, steps_total = prepare(config_path, overrides, num_steps, slow_step)
-    return train(cfg, steps_total, seed=seed, out=out, slow_step=slow_step)
+    return train(cfg, steps_total, seed=seed, out=out, slow_step=slow_step, slow_stage=slow_stage)
 
 
 # --------------------------------------------------------------------------- command line
@@ -315,14 +386,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ppo_demo.py", description="A tiny PPO loop on the CPU, profiled.")
     add_arguments(parser)
     parser.add_argument("--slow-step", type=int, metavar="S", help="make step S slow: the trigger profiles S+1")
+    parser.add_argument(
+        "--slow-stage",
+        metavar="NAME:FACTOR",
+        help="slow stage NAME's forward passes by FACTOR in every step (real work: aten::mm), e.g. "
+        "generate_sequences:1.3, to try instrument compare",
+    )
     args = parser.parse_args(argv)
     try:
         cfg, steps_total = prepare(args.config, args.overrides, args.num_steps, args.slow_step)
+        slow_stage = None if args.slow_stage is None else parse_slow_stage(args.slow_stage)
     except (ValueError, TypeError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
     with without_kineto_chatter():
-        result = train(cfg, steps_total, seed=args.seed, slow_step=args.slow_step)
+        result = train(cfg, steps_total, seed=args.seed, slow_step=args.slow_step, slow_stage=slow_stage)
     if result.profiled_steps and not result.traces:
         print(f"{parser.prog}: error: profiled steps wrote no trace", file=sys.stderr)
         return 1
