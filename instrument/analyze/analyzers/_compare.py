@@ -15,7 +15,9 @@ the :mod:`.._compare_model` values. Beside it: the test and interval (:mod:`._co
   timeline (:func:`inner_causes`); medians over the instances, 0 where one did not run.
 - **The timeline's view** (:func:`timeline_comparison`): idle share per role, the critical path per step.
 
-See ``docs/compare.md``.
+See ``docs/compare.md``. One module of ~620 lines on purpose: the inputs, their making from an analysis, the
+judgement and the causes all work on :class:`RunSide` and its per-instance maps; the rulers mark where it
+would split (inputs, comparing, causes, the timeline's view).
 """
 
 from __future__ import annotations
@@ -541,43 +543,6 @@ def with_causes(
     return replace(change, causes=ordered, causes_from=causes_from, causes_note=note, kernel_comm_share=kernel_comm)
 
 
-# --------------------------------------------------------------------------- the timeline's view
-
-
-def timeline_comparison(
-    baseline: TimelineSummary | None, candidate: TimelineSummary | None
-) -> TimelineComparison | None:
-    """Idle share per role and the critical path's composition in both runs (``None`` unless both have a timeline)."""
-    if baseline is None or candidate is None:
-        return None
-    roles = []
-    for role in sorted(set(baseline.busy_ms) | set(candidate.busy_ms)):
-        roles.append(RoleIdle(role, _idle_pct(baseline, role), _idle_pct(candidate, role)))
-    path: list[PathShare] = []
-    note = None
-    if baseline.path_ms and candidate.path_ms:
-        wall_b, wall_c = baseline.wall_ms / baseline.steps, candidate.wall_ms / candidate.steps
-        for where in set(baseline.path_ms) | set(candidate.path_ms):
-            b = baseline.path_ms.get(where, 0.0) / baseline.steps
-            c = candidate.path_ms.get(where, 0.0) / candidate.steps
-            path.append(
-                PathShare(
-                    where[0], where[1], b, c, 100 * b / wall_b if wall_b else 0.0, 100 * c / wall_c if wall_c else 0.0
-                )
-            )
-        path.sort(key=lambda p: (-max(p.baseline_ms, p.candidate_ms), p.role or "", p.stage))
-    else:
-        note = "no critical path on a side: its hosts' clocks are not aligned"
-    return TimelineComparison((baseline.steps, candidate.steps), tuple(roles), tuple(path), note)
-
-
-def _idle_pct(summary: TimelineSummary, role: str) -> float | None:
-    if role not in summary.busy_ms:
-        return None
-    total = summary.busy_ms[role] + summary.idle_ms.get(role, 0.0)
-    return 100.0 * summary.idle_ms.get(role, 0.0) / total if total > 0 else 0.0
-
-
 def instances_of(samples: StageSamples) -> dict[str, set[Instance]]:
     """Each trace file and the stage instances it was measured for."""
     out: dict[str, set[Instance]] = defaultdict(set)
@@ -617,3 +582,40 @@ def pick_files(samples: StageSamples, want: int) -> tuple[list[str], set[Instanc
 def steps_of(instances: Iterable[Instance]) -> frozenset[int]:
     """The steps of ``instances`` (those that have one)."""
     return frozenset(step for step, _ in instances if step is not None)
+
+
+# --------------------------------------------------------------------------- the timeline's view
+
+
+def timeline_comparison(
+    baseline: TimelineSummary | None, candidate: TimelineSummary | None
+) -> TimelineComparison | None:
+    """Idle share per role and the critical path's composition in both runs (``None`` unless both have a timeline)."""
+    if baseline is None or candidate is None:
+        return None
+    roles = []
+    for role in sorted(set(baseline.busy_ms) | set(candidate.busy_ms)):
+        roles.append(RoleIdle(role, _idle_pct(baseline, role), _idle_pct(candidate, role)))
+    path: list[PathShare] = []
+    note = None
+    if baseline.path_ms and candidate.path_ms:
+        wall_b, wall_c = baseline.wall_ms / baseline.steps, candidate.wall_ms / candidate.steps
+        for where in set(baseline.path_ms) | set(candidate.path_ms):
+            b = baseline.path_ms.get(where, 0.0) / baseline.steps
+            c = candidate.path_ms.get(where, 0.0) / candidate.steps
+            path.append(
+                PathShare(
+                    where[0], where[1], b, c, 100 * b / wall_b if wall_b else 0.0, 100 * c / wall_c if wall_c else 0.0
+                )
+            )
+        path.sort(key=lambda p: (-max(p.baseline_ms, p.candidate_ms), p.role or "", p.stage))
+    else:
+        note = "no critical path on a side: its hosts' clocks are not aligned"
+    return TimelineComparison((baseline.steps, candidate.steps), tuple(roles), tuple(path), note)
+
+
+def _idle_pct(summary: TimelineSummary, role: str) -> float | None:
+    if role not in summary.busy_ms:
+        return None
+    total = summary.busy_ms[role] + summary.idle_ms.get(role, 0.0)
+    return 100.0 * summary.idle_ms.get(role, 0.0) / total if total > 0 else 0.0
