@@ -2,7 +2,7 @@
 
 >>> from instrument.analyze import analyze, render_text, write_html, write_png
 >>> report = analyze("outputs/profile", steps=[2, 4])       # doctest: +SKIP
->>> worst = report.stages[0]                                 # sorted by straggler ratio, worst first
+>>> worst = report.stages[0]                                 # sorted by time lost to the straggler, most first
 >>> worst.stage, worst.straggler_rank, worst.ratio            # doctest: +SKIP
 >>> print(render_text(report)); write_png(report, "a.png"); write_html(report, "a.html")  # doctest: +SKIP
 
