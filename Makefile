@@ -49,8 +49,8 @@ test-gpu:
 demo: $(STAMP)
 	rm -rf outputs/demo
 	$(BIN)/instrument plan --config examples/demo.yaml --num-steps 4 --mini-batches 6 --role actor_rollout_ref \
-		--stage generate_sequences --stage compute_log_prob --stage compute_ref_log_prob --stage compute_values \
-		--stage update_critic:scheduled --stage update_actor:scheduled
+		--stage generate_sequences --stage compute_log_prob --stage compute_ref_log_prob --stage critic:compute_values \
+		--stage critic:update_critic:scheduled --stage update_actor:scheduled
 	$(BIN)/python examples/ppo_demo.py --config examples/demo.yaml --num-steps 4
 	$(BIN)/instrument analyze outputs/demo/profile --html outputs/demo/analysis.html
 

@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from instrument._shipped import doc_page, doc_pages, example, examples
 from instrument._version import __version__
 from instrument.config._cli import load_config
 from instrument.plan import RunPlan, StageSpec, count, int_runs, plan_run
@@ -22,15 +23,26 @@ _PLAN_EPILOG = """\
 examples:
   instrument plan --num-steps 10 --world-size 8 --mini-batches 6 steps=[2,5] \\
       schedule.warmup=1 schedule.active=2 --stage compute_log_prob --stage update_actor:scheduled
-  instrument plan --config examples/verl_ppo.yaml --num-steps 4 --world-size 16 ranks=[0,8]
+  instrument plan --example verl_ppo --num-steps 4 --world-size 16 ranks=[0,8]
+  instrument plan --config my_profile.yaml --num-steps 4
 
-Overrides use the keys of docs/config.md (verl's keys work too) and are applied after --config.
-Exit status: 0 planned, 1 warnings with --strict, 2 bad configuration or arguments.
+Overrides use the keys of `instrument docs config` (verl's keys work too) and are applied after the
+configuration file. Exit status: 0 planned, 1 warnings with --strict, 2 bad configuration or arguments.
+"""
+
+_DOCS_EPILOG = """examples:
+  instrument docs                 # the pages
+  instrument docs quickstart      # one page, as Markdown
+  instrument docs config | less
 """
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="instrument", description="Profile distributed LLM RL training.")
+    parser = argparse.ArgumentParser(
+        prog="instrument",
+        description="Profile distributed LLM RL training.",
+        epilog="Documentation: instrument docs [PAGE] (the pages ship with the package).",
+    )
     parser.add_argument("--version", action="version", version=f"instrument {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan = commands.add_parser(
@@ -44,7 +56,13 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     plan.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="dotted overrides, e.g. schedule.active=2")
-    plan.add_argument("--config", metavar="FILE", help="YAML or JSON configuration file")
+    source = plan.add_mutually_exclusive_group()
+    source.add_argument("--config", metavar="FILE", help="YAML or JSON configuration file")
+    source.add_argument(
+        "--example",
+        metavar="NAME",
+        help=f"a configuration shipped with instrument instead of --config: {', '.join(examples()) or 'none'}",
+    )
     plan.add_argument("--num-steps", type=int, required=True, metavar="N", help="RL steps in the run")
     plan.add_argument("--world-size", type=int, default=1, metavar="W", help="global ranks (default 1)")
     plan.add_argument(
@@ -54,8 +72,9 @@ def _build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--stage",
         action="append",
-        metavar="NAME[:scheduled]",
-        help="a stage of the worker; repeat it (default: update_actor:scheduled)",
+        metavar="[ROLE:]NAME[:scheduled]",
+        help="a stage of the worker; ROLE: the stage's own role, as profiled_stage(NAME, role=ROLE) names it; "
+        "repeat it (default: update_actor:scheduled)",
     )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.add_argument("--strict", action="store_true", help="exit 1 when the plan has warnings")
@@ -74,6 +93,14 @@ def _build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _rollout_cli.add_arguments(rollout)
+    docs = commands.add_parser(
+        "docs",
+        help="print a page of the documentation (shipped with the package), or list them",
+        description="Print a documentation page as Markdown; without PAGE, list the pages.",
+        epilog=_DOCS_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    docs.add_argument("page", nargs="?", metavar="PAGE", help="a page name, e.g. config or quickstart")
     from instrument.analyze import _cli as analyze_cli  # standard library only: no rich, matplotlib or torch
 
     analyze = commands.add_parser(
@@ -118,7 +145,7 @@ def _plan_json(run: RunPlan) -> dict[str, Any]:
         "num_steps": run.num_steps,
         "world_size": run.world_size,
         "num_mini_batches": run.num_mini_batches,
-        "stages": [{"name": s.name, "scheduled": s.scheduled} for s in run.stages],
+        "stages": [{"name": s.name, "scheduled": s.scheduled, "role": s.role or run.role} for s in run.stages],
         "steps": list(run.steps[:limit]),
         "ranks": list(run.ranks[:limit]),
         "windows": [{"first": w.first, "last": w.last, "partial": w.partial} for w in run.windows[:limit]],
@@ -173,12 +200,11 @@ def _plan_text(run: RunPlan) -> str:
         f"role     {run.role}",
     ]
     for stage in run.stages:
+        name = stage.name if stage.role is None else f"{stage.name} (role {stage.role})"
         if stage.scheduled and cfg.schedule is not None and cfg.discrete:
-            lines.append(
-                f"stage    {stage.name}: scheduled over {run.num_mini_batches} mini-batches -> {_windows_text(run)}"
-            )
+            lines.append(f"stage    {name}: scheduled over {run.num_mini_batches} mini-batches -> {_windows_text(run)}")
         else:
-            lines.append(f"stage    {stage.name}: recorded whole" + (" (scheduled)" if stage.scheduled else ""))
+            lines.append(f"stage    {name}: recorded whole" + (" (scheduled)" if stage.scheduled else ""))
     if cfg.finish_hook is not None:
         hook = cfg.finish_hook
         when = f"after step {run.steps[-1]}" if run.steps else "at the end of the run"  # steps are sorted
@@ -197,9 +223,23 @@ def _plan_text(run: RunPlan) -> str:
     return "\n".join(lines)
 
 
+def _run_docs(args: argparse.Namespace) -> int:
+    if args.page is not None:
+        sys.stdout.write(doc_page(args.page))
+        return 0
+    pages = doc_pages()
+    if not pages:
+        raise ValueError("no documentation pages are installed")
+    for name, path in pages.items():
+        title = next((line.lstrip("# ").strip() for line in path.open(encoding="utf-8") if line.startswith("#")), "")
+        print(f"{name:<14} {title}")
+    print("\ninstrument docs PAGE prints one.")
+    return 0
+
+
 def _run_plan(args: argparse.Namespace) -> int:
     stages = tuple(StageSpec.parse(s) for s in (args.stage or ["update_actor:scheduled"]))
-    config = load_config(args.config, args.overrides)
+    config = load_config(example(args.example) if args.example else args.config, args.overrides)
     run = plan_run(
         config,
         num_steps=args.num_steps,
@@ -219,6 +259,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "plan":
             return _run_plan(args)
+        if args.command == "docs":
+            return _run_docs(args)
         if args.command == "rollout":
             from instrument.rollout import _cli as _rollout_cli
 

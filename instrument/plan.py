@@ -10,6 +10,7 @@ of 10**8 steps x 10**8 ranks costs what a plan of one step does.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import overload
@@ -27,21 +28,33 @@ _LISTED_RANKS = 32
 
 @dataclass(frozen=True)
 class StageSpec:
-    """A stage of the worker: its name and whether ``profile_window`` advances a schedule in it."""
+    """A stage of the worker: its name, whether ``profile_window`` advances a schedule in it, and the role
+    its traces are named after when not the worker's (``profiled_stage(name, role="critic")``)."""
 
     name: str
     scheduled: bool = False
+    role: str | None = None
 
     @classmethod
     def parse(cls, text: str) -> StageSpec:
-        """Read ``NAME`` or ``NAME:scheduled``."""
-        name, _, flag = text.partition(":")
-        if not name.strip():
-            raise ValueError(f"stage must look like NAME or NAME:scheduled: {text!r}")
-        if flag not in ("", "scheduled"):
+        """Read ``[ROLE:]NAME[:scheduled]`` (``update_actor``, ``critic:update_critic:scheduled``)."""
+        parts = text.split(":")
+        scheduled = len(parts) > 1 and parts[-1] == "scheduled"
+        if scheduled:
+            parts.pop()
+        elif len(parts) > 1 and _looks_like_the_flag(parts[-1]):  # NAME:sched is a typo, not ROLE:NAME
             raise ValueError(f"stage flag must be 'scheduled': {text!r}")
-        naming.sanitize_label(name)  # fail now on a name that cannot become a file name
-        return cls(name.strip(), flag == "scheduled")
+        if len(parts) > 2 or not all(p.strip() for p in parts):
+            raise ValueError(f"stage must look like NAME, NAME:scheduled or ROLE:NAME[:scheduled]: {text!r}")
+        *role, name = (p.strip() for p in parts)
+        for label in (*role, name):
+            naming.sanitize_label(label)  # fail now on a name that cannot become a file name
+        return cls(name, scheduled, role[0] if role else None)
+
+
+def _looks_like_the_flag(word: str) -> bool:
+    word = word.strip().lower()
+    return len(word) >= 3 and ("scheduled".startswith(word) or bool(difflib.get_close_matches(word, ["scheduled"])))
 
 
 @dataclass(frozen=True)
@@ -91,6 +104,7 @@ class _Segment:
 
     stage: str
     windows: schedule.WindowSeries | None
+    role: str | None = None  # the stage's own role; None: the worker's
 
     @property
     def size(self) -> int:
@@ -133,7 +147,7 @@ class PlannedTraces(Sequence[PlannedTrace]):
     def _trace(self, step: int, rank: int, segment: _Segment, k: int) -> PlannedTrace:
         window = None if segment.windows is None else segment.windows[k]
         prefix = naming.trace_prefix(
-            role=self.role,
+            role=self.role if segment.role is None else segment.role,
             stage=segment.stage,
             step=step,
             rank=rank,
@@ -333,7 +347,7 @@ def plan_run(
         segments: tuple[_Segment, ...] = (_Segment(naming.CONTINUOUS_STAGE, None if whole else windows),)
     else:
         segments = tuple(
-            _Segment(stage.name, windows if stage.scheduled and config.schedule is not None else None)
+            _Segment(stage.name, windows if stage.scheduled and config.schedule is not None else None, stage.role)
             for stage in stages
         )
     traces = PlannedTraces(role=role, world_size=world_size, steps=steps, ranks=profiled, segments=segments)

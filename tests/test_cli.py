@@ -171,3 +171,50 @@ def test_json_config_and_overrides_apply_after_it(tmp_path: Path, capsys: pytest
     plan = _plan_json(capsys, "--num-steps=3", "--world-size=2", f"--config={path}", "steps=[3]")
     assert plan["steps"] == [3]
     assert plan["ranks"] == [0, 1]
+
+
+# ---------------------------------------------------------------------- what ships: examples and docs (issue 27)
+
+
+def test_a_shipped_example_plans_as_its_file_does(capsys: pytest.CaptureFixture[str]) -> None:
+    by_name = _plan_json(capsys, "--example", "verl_ppo", "--num-steps=4", "--world-size=8")
+    by_file = _plan_json(capsys, "--config", str(EXAMPLES / "verl_ppo.yaml"), "--num-steps=4", "--world-size=8")
+    assert by_name == by_file
+    verl = _plan_json(capsys, "--example", "verl_keys.yaml", "--num-steps=4", "--world-size=8")
+    assert verl["files"] == by_file["files"]  # the same settings in verl's keys (its dialect aside)
+
+
+def test_an_unknown_example_names_the_shipped_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = _plan(capsys, "--example", "verl", "--num-steps=1")
+    assert (status, out) == (2, "")
+    assert err == "instrument plan: error: no example configuration 'verl' (examples: verl_keys, verl_ppo)\n"
+
+
+def test_example_and_config_exclude_each_other(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["plan", "--example", "verl_ppo", "--config", "x.yaml", "--num-steps=1"])
+    assert exited.value.code == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_docs_lists_the_pages_and_prints_one(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["docs"]) == 0
+    listing = capsys.readouterr().out
+    assert "config         Configuration" in listing and "quickstart     Quick start" in listing
+    assert main(["docs", "config"]) == 0
+    assert capsys.readouterr().out == (EXAMPLES.parent / "docs" / "config.md").read_text(encoding="utf-8")
+    assert main(["docs", "docs/schedule.md"]) == 0  # the path the repository's links use works too
+    assert capsys.readouterr().out.startswith("# Schedules")
+    assert main(["docs", "nope"]) == 2
+    assert capsys.readouterr().err.startswith("instrument docs: error: no documentation page 'nope' (pages: analyze,")
+
+
+def test_help_points_to_what_an_installed_user_has(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    assert "instrument docs [PAGE]" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = capsys.readouterr().out
+    assert "--example verl_ppo" in text and "instrument docs config" in text
+    assert "docs/config.md" not in text and "examples/" not in text

@@ -6,6 +6,8 @@ import argparse
 import io
 import json
 import math
+import re
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -26,9 +28,9 @@ from ppo_workers import NUM_MINI_BATCHES  # noqa: E402
 
 import instrument.testing  # noqa: E402
 from instrument import schedule  # noqa: E402
-from instrument.cli import load_config  # noqa: E402
+from instrument.cli import load_config, main  # noqa: E402
 from instrument.config import ProfilerConfig  # noqa: E402
-from instrument.naming import TRACE_SUFFIX, parse_trace_name  # noqa: E402
+from instrument.naming import SCRATCH_PREFIX, TRACE_SUFFIX, parse_trace_name  # noqa: E402
 from tests.conftest import without_timeline  # noqa: E402
 
 CONFIG = EXAMPLES / "demo.yaml"
@@ -117,6 +119,38 @@ def test_finish_hook_archives_the_traces(demo: tuple[DemoResult, str]) -> None:
         members = {Path(name).name for name in archive.getnames()}
     assert {p.name for p in result.traces} <= members
     assert result.manifest is not None and result.manifest.name in members
+    assert not [m for m in members if m.startswith(SCRATCH_PREFIX)]  # no empty scratch folder (issue 27)
+
+
+def _make_demo_plan_arguments() -> list[str]:
+    """The arguments of ``make demo``'s ``instrument plan`` line, read from the Makefile itself."""
+    text = (EXAMPLES.parent / "Makefile").read_text(encoding="utf-8").replace("\\\n", " ")
+    recipe = text.split("\ndemo:", 1)[1].split("\n\n", 1)[0]
+    (line,) = [row for row in recipe.splitlines() if "instrument plan" in row]
+    words = shlex.split(line)
+    return words[words.index("plan") :]
+
+
+def _without_host_pid_and_time(name: str) -> str:
+    return re.sub(r"_[^_]+_pid\d+_\d+" + re.escape(TRACE_SUFFIX) + "$", "", name)
+
+
+def test_make_demos_plan_lists_exactly_the_files_the_demo_writes(
+    demo: tuple[DemoResult, str], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    result, _ = demo
+    arguments = _make_demo_plan_arguments()
+    monkeypatch.chdir(EXAMPLES.parent)  # make runs it from the checkout's root
+    assert any(a.startswith("critic:") for a in arguments)  # stages named after their own role
+    capsys.readouterr()
+    assert main([*arguments, "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["counts"]["files"] == len(planned["files"])  # every name is listed
+    suffix = "_{host}_pid{pid}_{timestamp}" + TRACE_SUFFIX
+    assert all(f.endswith(suffix) for f in planned["files"])
+    expected = sorted(f.removesuffix(suffix) for f in planned["files"])
+    written = sorted(_without_host_pid_and_time(p.name) for p in _trace_files(result.save_path))
+    assert written == expected
 
 
 def test_rewards_are_finite_and_learning(demo: tuple[DemoResult, str]) -> None:

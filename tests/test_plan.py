@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -314,7 +315,8 @@ def runs_to_plan(draw: st.DrawFn) -> tuple[ProfilerConfig, dict[str, object]]:
         finish_hook=hook,
     )
     names = st.sampled_from(["gen", "ref", "update"])
-    stage_list = draw(st.lists(st.builds(StageSpec, names, st.booleans()), min_size=1, max_size=3))
+    own_role = st.none() | st.just("critic")  # profiled_stage(name, role="critic") in an actor process
+    stage_list = draw(st.lists(st.builds(StageSpec, names, st.booleans(), own_role), min_size=1, max_size=3))
     return config, {
         "num_steps": num_steps,
         "world_size": world,
@@ -341,18 +343,19 @@ def test_plan_run_equals_brute_force_enumeration(case: tuple[ProfilerConfig, dic
     for step in steps:
         for rank in ranks:
             if not config.discrete:
-                parts: list[tuple[str, Window | None]] = [(naming.CONTINUOUS_STAGE, None)]
+                parts: list[tuple[str, str, Window | None]] = [("actor", naming.CONTINUOUS_STAGE, None)]
             else:
                 parts = []
                 for stage in stages:
+                    role = stage.role or "actor"
                     if stage.scheduled and config.schedule is not None:
-                        parts.extend((stage.name, w) for w in windows)
+                        parts.extend((role, stage.name, w) for w in windows)
                     else:
-                        parts.append((stage.name, None))
-            for stage_name, w in parts:
+                        parts.append((role, stage.name, None))
+            for role, stage_name, w in parts:
                 expected.append(
                     naming.trace_prefix(
-                        role="actor", stage=stage_name, step=step, rank=rank, world_size=world,
+                        role=role, stage=stage_name, step=step, rank=rank, world_size=world,
                         window=None if w is None else (w.first, w.last), partial=w is not None and w.partial,
                     )
                 )  # fmt: skip
@@ -383,3 +386,49 @@ def test_int_runs_equal_enumeration(values: list[int], start: int, size: int) ->
         runs = int_runs(seq)
         assert [v for a, b in runs for v in range(a, b + 1)] == list(seq)
         assert all(b + 1 < c for (_, b), (c, _) in itertools.pairwise(runs))
+
+
+@pytest.mark.parametrize(
+    ("text", "spec"),
+    [
+        ("update_actor", StageSpec("update_actor")),
+        ("update_actor:scheduled", StageSpec("update_actor", scheduled=True)),
+        ("critic:compute_values", StageSpec("compute_values", role="critic")),
+        ("critic:update_critic:scheduled", StageSpec("update_critic", scheduled=True, role="critic")),
+        (" critic : update_critic ", StageSpec("update_critic", role="critic")),
+    ],
+)
+def test_a_stage_may_name_its_own_role(text: str, spec: StageSpec) -> None:
+    assert StageSpec.parse(text) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("update:sched", "stage flag must be 'scheduled'"),  # a typo of the flag, not a role
+        ("critic:update:schedule", "stage flag must be 'scheduled'"),
+        ("a:b:c", "stage must look like NAME, NAME:scheduled or ROLE:NAME[:scheduled]"),
+        (":update", "stage must look like"),
+        ("critic::scheduled", "stage must look like"),
+        ("...:update", "label has no character usable in a file name"),
+    ],
+)
+def test_bad_stage_forms_are_refused(text: str, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        StageSpec.parse(text)
+
+
+def test_stages_of_their_own_role_are_named_after_it(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["plan", "--num-steps=1", "--role=actor_rollout_ref", "--mini-batches=2", "schedule.active=2"]
+    assert main([*args, "--stage=critic:update_critic:scheduled", "--stage=update_actor", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["stages"] == [
+        {"name": "update_critic", "scheduled": True, "role": "critic"},
+        {"name": "update_actor", "scheduled": False, "role": "actor_rollout_ref"},
+    ]
+    assert [f.split("_{host}")[0] for f in plan["files"]] == [
+        "critic_update-critic_step1_rank0-of-1_mb0-1",
+        "actor-rollout-ref_update-actor_step1_rank0-of-1",
+    ]
+    assert main([*args, "--stage=critic:update_critic:scheduled"]) == 0
+    assert "stage    update_critic (role critic): scheduled over 2 mini-batches -> mb0-1" in capsys.readouterr().out
