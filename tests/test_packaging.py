@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from instrument import _shipped
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "instrument"
 HANG_GUARD_S = 300  # only against a hang: the assertions are about contents and exit statuses
@@ -195,15 +197,17 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source = work / "src"
     source.mkdir()
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "setup.py", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy2(ROOT / name, source / name)
-    for name in ("instrument", "examples"):
+    for name in ("instrument", "examples", "docs"):
         shutil.copytree(ROOT / name, source / name, ignore=ignore)
     command = [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation", "--no-index"]
     done = subprocess.run(
-        [*command, "-q", "-w", str(work / "dist")], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+        [*command, "-w", str(work / "dist")], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
     )
     assert done.returncode == 0, done.stderr
+    # setuptools >= 77 warns on every build about a `project.license` table (issue 27)
+    assert "deprecated" not in done.stdout + done.stderr, done.stdout + done.stderr
     (built,) = (work / "dist").glob("instrument-*.whl")
     return built
 
@@ -212,11 +216,26 @@ def test_the_wheel_holds_the_library_and_no_demo(wheel: Path) -> None:
     names = zipfile.ZipFile(wheel).namelist()
     assert "instrument/__init__.py" in names and "instrument/config/_file.py" in names
     assert "instrument/py.typed" in names
-    assert not [n for n in names if n.startswith("examples/") or "/examples/" in n]
+    assert not [n for n in names if n.startswith("examples/")]
     assert not [n for n in names if "demo" in Path(n).name.lower()]
-    assert not [n for n in names if n.endswith((".yaml", ".yml", ".pyc"))]
+    assert not [n for n in names if n.endswith(".pyc")]
+    # the example configurations and the docs' pages, as the checkout reads them (instrument/_shipped.py)
+    shipped = {n for n in names if n.startswith(("instrument/examples/", "instrument/docs/"))}
+    expected = {f"instrument/examples/{p.name}" for p in _shipped.examples().values()}
+    expected |= {f"instrument/docs/{p.name}" for p in _shipped.doc_pages().values()}
+    assert shipped == expected and "instrument/examples/verl_ppo.yaml" in shipped
+    assert "instrument/docs/config.md" in shipped
+    assert not [n for n in names if n.endswith((".yaml", ".yml")) and not n.startswith("instrument/examples/")]
     version = wheel.name.split("-")[1]
     assert {n.split("/")[0] for n in names} == {"instrument", f"instrument-{version}.dist-info"}
+
+
+def test_the_wheel_carries_its_license(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        version = wheel.name.split("-")[1]
+        metadata = archive.read(f"instrument-{version}.dist-info/METADATA").decode()
+        assert archive.read(f"instrument-{version}.dist-info/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+    assert "License-Expression: Apache-2.0" in metadata.splitlines()
 
 
 def test_the_installed_wheel_works_away_from_the_checkout(wheel: Path, tmp_path: Path) -> None:
@@ -230,6 +249,8 @@ def test_the_installed_wheel_works_away_from_the_checkout(wheel: Path, tmp_path:
         "print(instrument.__file__)\n"
         "print(instrument.ProfilerConfig.from_file(sys.argv[1], ['ranks=[1]']).ranks)\n"
         "print(cli.main(['plan', '--config', sys.argv[1], '--num-steps', '2']))\n"
+        "print(cli.main(['plan', '--example', 'verl_ppo', '--num-steps', '4', '--world-size', '8']))\n"
+        "print(cli.main(['docs', 'config']))\n"
         "cli.main(['demo'])\n"
     )
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
@@ -246,5 +267,67 @@ def test_the_installed_wheel_works_away_from_the_checkout(wheel: Path, tmp_path:
     assert lines[0] == str(site / "instrument" / "__init__.py")  # the wheel's copy, not the checkout's
     assert lines[1] == "(1,)"
     assert "steps    2 of 1-2" in done.stdout and lines[-1] == "0"
+    assert "steps    1, 3 of 1-4" in done.stdout  # verl_ppo.yaml, from inside the package
+    assert "# Configuration" in lines
     assert done.returncode == 2  # argparse refuses the removed subcommand
     assert "invalid choice: 'demo'" in done.stderr
+
+
+_LOOP = """\
+import instrument as ins
+
+@ins.profiled_stage("update_actor", scheduled=True)
+def update(n):
+    for i in range(n):
+        with ins.profile_window(mini_batch=i):
+            pass
+    return n
+
+run = ins.configure(ins.ProfilerConfig(tool="none", save_path="profile"), role="actor")
+for step in (1, 2):
+    with ins.profile_step(step, last=step == 2):
+        assert update(3) == 3
+ins.finish()
+print("failures", run.failures)
+"""
+
+
+@pytest.mark.slow  # a venv and pip installing attrs and PyYAML from the package index: ~10 s
+def test_the_wheel_in_a_venv_outside_the_checkout(wheel: Path, tmp_path: Path) -> None:
+    """``pip install`` the wheel into a fresh venv away from the checkout: the help, a plan of a shipped
+    example, a documentation page and a profiled loop work as the README and ``--help`` say."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=HANG_GUARD_S)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    installed = subprocess.run(
+        [*pip, str(wheel), "pyyaml"], capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+    )
+    if installed.returncode != 0 and "No matching distribution" in installed.stderr:
+        pytest.skip(f"no package index to install attrs and PyYAML from: {installed.stderr.strip()[-200:]}")
+    assert installed.returncode == 0, installed.stderr
+    assert "deprecated" not in installed.stderr
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)}
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+        )
+
+    helped = run("instrument", "--help")
+    assert helped.returncode == 0 and "instrument docs [PAGE]" in helped.stdout
+    plan_help = run("instrument", "plan", "--help").stdout
+    assert "--example verl_ppo" in plan_help and "instrument docs config" in plan_help
+    planned = run("instrument", "plan", "--example", "verl_ppo", "--num-steps", "4", "--world-size", "8")
+    assert planned.returncode == 0, planned.stderr
+    assert "ranks    0, 4 of 8 (2 profiled)" in planned.stdout
+    verl = run("instrument", "plan", "--example", "verl_keys.yaml", "--num-steps", "4", "--world-size", "8")
+    assert verl.returncode == 0 and verl.stdout == planned.stdout  # the same settings in verl's keys
+    pages = run("instrument", "docs")
+    assert pages.returncode == 0 and "quickstart" in pages.stdout
+    page = run("instrument", "docs", "quickstart")
+    assert page.returncode == 0 and page.stdout.startswith("# Quick start")
+    loop = run("python", "-c", _LOOP)
+    assert loop.returncode == 0, loop.stderr
+    assert loop.stdout.strip().splitlines()[-1] == "failures 0"
+    where = run("python", "-c", "import instrument; print(instrument.__file__)").stdout.strip()
+    assert where.startswith(str(venv)), where  # the venv's copy, not the checkout's
