@@ -58,9 +58,9 @@ JSON: the contract's keys, plus ``clock.note``, ``skipped_spans``, each step's `
 Cost: linear in the spans but for a sort per lane and per role (no rank is compared with every other:
 "what ended as this rank resumed" is a bisection in the step's stage ends, by role).
 
-One module of ~850 lines, on purpose for now: the step analysis, the judgement across steps and the words
-share private index types (lanes, the per-role end index), and it is moved whole into ``analyzers/``; the
-rulers mark where it splits (values, one step, across steps, words) when the package is rearranged.
+One module of ~730 lines, on purpose: the step analysis, the judgement across steps and the words share
+private index types (lanes, the per-role end index); the result values are in :mod:`instrument.analyze._model`,
+and the rulers mark where it would split (one step, across steps, words).
 """
 
 from __future__ import annotations
