@@ -359,13 +359,13 @@ class Session(StageTracing):
             if owner is not None and owner.window_open:  # interrupted inside a mini-batch: the trace holds it
                 self.exit_window(owner, owner.close_window)
             self._stop_trace("could not flush traces")
-            if self.timeline is not None:
-                self.timeline.close()  # bounded; listed in the manifest before a hook or a SIGTERM death
             if self._backend is not None:
                 try:
                     self._backend.close()
                 except Exception as exc:
                     self._fail("could not flush traces", exc)
+            if self.timeline is not None:  # last: the traces' lines first, as a run always wrote them
+                self.timeline.close()  # bounded; listed in the manifest before a hook or a SIGTERM death
         finally:
             self._release(held)
 
