@@ -72,3 +72,78 @@ def test_every_public_name_has_a_docstring(module_name: str) -> None:
             for attr, member in vars(obj).items() if inspect.isclass(obj) else []:
                 if not attr.startswith("_") and inspect.isfunction(member):
                     assert inspect.getdoc(member), f"{module_name}.{name}.{attr} has no docstring"
+
+
+def _module_imports(root: Path) -> dict[str, set[str]]:
+    """Each module of the package -> the modules of the package it imports, function-level imports included.
+
+    ``from package import name`` counts as importing ``package.name`` when that is a module, else ``package``;
+    the package ``__init__`` every submodule import runs first is not counted (it re-exports, by design).
+    """
+    modules: dict[str, Path] = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    edges: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                edges[name].update(alias.name for alias in node.names if alias.name in modules)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    above = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*above, base] if base else above)
+                submodules = {f"{base}.{alias.name}" for alias in node.names} & modules.keys()
+                edges[name].update(submodules or ({base} & modules.keys()))
+                if submodules and len(submodules) < len(node.names) and base in modules:
+                    edges[name].add(base)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (or one importing itself), by Tarjan's algorithm."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in edges[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1 or node in edges[node]:
+                found.append(sorted(group))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_even_inside_functions() -> None:
+    cycles = _cycles(_module_imports(PACKAGE))
+    assert cycles == [], f"modules that import each other (directly or through others): {cycles}"
+
+
+def test_the_cycle_check_finds_a_planted_cycle(tmp_path: Path) -> None:
+    planted = tmp_path / "instrument"
+    (planted / "sub").mkdir(parents=True)
+    (planted / "__init__.py").write_text("")
+    (planted / "sub" / "__init__.py").write_text("")
+    (planted / "a.py").write_text("def f():\n    from instrument.sub import b\n")  # a function-level import
+    (planted / "sub" / "b.py").write_text("from instrument import a\n")
+    assert _cycles(_module_imports(planted)) == [["instrument.a", "instrument.sub.b"]]
