@@ -40,7 +40,7 @@ from instrument.analyze._compare_model import (
     Verdict,
 )
 from instrument.analyze._model import label_key
-from instrument.analyze.analyzers._compare_stats import judge
+from instrument.analyze.analyzers._compare_stats import Judged, judge
 
 __all__ = [
     "TOP_CAUSES",
@@ -385,12 +385,7 @@ def compare_sides(
             Change(
                 role=role,
                 stage=stage,
-                baseline_ms=judged.baseline_ms,
-                candidate_ms=judged.candidate_ms,
-                change_pct=judged.change_pct,
-                ci_pct=judged.ci_pct,
-                p_value=judged.p_value,
-                verdict=judged.verdict,
+                **judged._asdict(),
                 samples=(len(b), len(c)),
                 source=source,
                 ranks=(len({i[1] for i in b}), len({i[1] for i in c})),
@@ -407,12 +402,7 @@ def compare_sides(
     step = Change(
         role=None,
         stage=None,
-        baseline_ms=judged.baseline_ms,
-        candidate_ms=judged.candidate_ms,
-        change_pct=judged.change_pct,
-        ci_pct=judged.ci_pct,
-        p_value=judged.p_value,
-        verdict=judged.verdict,
+        **judged._asdict(),
         samples=(len(step_b), len(step_c)),
         source=step_source,
         steps=(len(step_b), len(step_c)),
@@ -433,7 +423,7 @@ def compare_sides(
     return step, changes, overlap, notes
 
 
-def _judge(baseline: list[float], candidate: list[float], method: Method) -> Any:
+def _judge(baseline: list[float], candidate: list[float], method: Method) -> Judged:
     return judge(
         baseline,
         candidate,
