@@ -3,6 +3,7 @@
     python examples/ppo_demo.py --config examples/demo.yaml --num-steps 4
     python examples/ppo_demo.py --slow-step 5            # the slow-step trigger profiles step 6
     python examples/ppo_demo.py --slow-stage generate_sequences:1.3 save_path=outputs/slow/profile
+    python examples/ppo_demo.py --slow-step 5 --metrics-port 0   # stage metrics: serves /metrics, prints a scrape
 
 One process plays a fused ``actor_rollout_ref`` worker plus a critic: every RL step it
 
@@ -23,12 +24,10 @@ Needs ``torch`` and ``pyyaml`` (``pip install 'instrument[torch,yaml]'``).
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import sys
-import threading
 import time
-from collections.abc import Iterator, Sequence
+import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
@@ -347,38 +346,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
 
 
-@contextlib.contextmanager
-def without_kineto_chatter() -> Iterator[None]:
-    """Drop the ``USDT: … profiler_start/stop`` lines torch 2.13 prints per trace (24 in this demo).
+_NOISE = ("_bucket{", "_created{")
 
-    They come from C++ straight to file descriptor 2, so the demo passes its stderr through a
-    pipe and a thread that forwards every other line. Only for this demo: a library must not
-    take over a process's stderr.
-    """
-    try:
-        saved = os.dup(2)
-        read_end, write_end = os.pipe()
-        os.dup2(write_end, 2)
-        os.close(write_end)
-    except OSError:  # no usable stderr: nothing to keep readable
-        yield
-        return
 
-    def forward() -> None:
-        with os.fdopen(read_end, "rb") as lines:
-            for line in lines:
-                if not line.startswith(b"USDT:"):
-                    os.write(saved, line)
-
-    forwarder = threading.Thread(target=forward, name="ppo-demo-stderr", daemon=True)
-    forwarder.start()
-    try:
-        yield
-    finally:
-        sys.stderr.flush()
-        os.dup2(saved, 2)  # closes the pipe's last write end: the forwarder reads to the end
-        forwarder.join(timeout=5)
-        os.close(saved)
+def scrape(server: object) -> list[str]:
+    """The ``instrument_`` lines of one real scrape of ``server``'s ``/metrics``, less buckets and ``_created``."""
+    host, port = getattr(server, "server_address", ("127.0.0.1", 0))[:2]
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    lines = text.splitlines()
+    return [line for line in lines if line.startswith("instrument_") and not any(w in line for w in _NOISE)]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -392,6 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="slow stage NAME's forward passes by FACTOR in every step (real work: aten::mm), e.g. "
         "generate_sequences:1.3, to try instrument compare",
     )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="stage metrics on: serve /metrics on 127.0.0.1:PORT (0: a free port) and print one scrape at the end",
+    )
     args = parser.parse_args(argv)
     try:
         cfg, steps_total = prepare(args.config, args.overrides, args.num_steps, args.slow_step)
@@ -399,8 +382,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ValueError, TypeError) as exc:
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    with without_kineto_chatter():
-        result = train(cfg, steps_total, seed=args.seed, slow_step=args.slow_step, slow_stage=slow_stage)
+    server = None
+    if args.metrics_port is not None:
+        from instrument.metrics import serve
+
+        cfg = attrs.evolve(cfg, metrics=True)
+        server = serve(args.metrics_port)
+    result = train(cfg, steps_total, seed=args.seed, slow_step=args.slow_step, slow_stage=slow_stage)
+    if server is not None:
+        host, port = server.server_address[:2]
+        print(f"metrics   http://{host}:{port}/metrics, one scrape:")
+        print("\n".join(f"  {line}" for line in scrape(server)))
+        server.shutdown()
     if result.profiled_steps and not result.traces:
         print(f"{parser.prog}: error: profiled steps wrote no trace", file=sys.stderr)
         return 1

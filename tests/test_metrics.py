@@ -192,3 +192,30 @@ def test_metrics_in_forked_workers_are_scraped_together(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert _value(done.stdout, "instrument_stage_seconds_count", role="worker", stage="compute_values") == 6
     assert _value(done.stdout, "instrument_steps_total", role="worker") == 6
+
+
+@pytest.mark.slow  # the demo in a fresh interpreter importing torch: ~5 s
+def test_the_documented_demo_scrape_has_the_documented_series(tmp_path: Path) -> None:
+    """docs/metrics.md's command, run as written in a fresh folder: every series of its sample is in the real scrape,
+    with the same labels and, for the counts, the same values (the sums are timings)."""
+    pytest.importorskip("torch")
+    pytest.importorskip("yaml")
+    page = (Path(__file__).resolve().parents[1] / "docs" / "metrics.md").read_text(encoding="utf-8")
+    section = page[page.index("## A scrape of the demo") :]
+    command = re.search(r"`(python examples/ppo_demo\.py [^`]*)`", section)
+    sample = re.search(r"```text\n(.*?)```", section, re.S)
+    assert command and sample
+    script = Path(__file__).resolve().parents[1] / command[1].split()[1]
+    args = command[1].split()[2:]
+    done = subprocess.run(
+        [sys.executable, str(script), *args], cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert "USDT:" not in done.stderr
+    scraped = dict(line.strip().rsplit(" ", 1) for line in done.stdout.splitlines() if line.startswith("  instrument_"))
+    documented = [line.strip().rsplit(" ", 1) for line in sample[1].splitlines() if line.startswith("  instrument_")]
+    assert len(documented) >= 10
+    for series, value in documented:
+        assert series in scraped, f"{series} is documented but not scraped"
+        if not series.startswith(("instrument_stage_seconds_sum", "instrument_step_seconds_sum", "instrument_trace_b")):
+            assert float(scraped[series]) == float(value), series

@@ -16,7 +16,7 @@ import json
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -78,6 +78,30 @@ def _all_threads_config() -> dict[str, Any]:
 
 
 _ALL_THREADS = _all_threads_config()
+
+KINETO_LOGS_ENV = "INSTRUMENT_KINETO_LOGS"
+"""Set to ``1`` to see kineto's own lines (``USDT: … profiler_start``, its warnings and errors) again."""
+_KINETO_LEVEL_ENV = "KINETO_LOG_LEVEL"
+_KINETO_QUIET = "6"  # above kineto's USDT level (5), its highest: torch 2.13 prints two USDT lines a trace
+_kineto_started = False
+
+
+@contextlib.contextmanager
+def _quiet_kineto() -> Iterator[None]:
+    """Around this process's first profiler start: kineto reads ``KINETO_LOG_LEVEL`` once, as it
+    initialises, and prints two lines per trace to fd 2 otherwise. A level the user set, or
+    ``INSTRUMENT_KINETO_LOGS=1``, is left alone; the variable is removed again once kineto has read
+    it, so child processes and the user's view of the environment stay as they were."""
+    global _kineto_started
+    first, _kineto_started = not _kineto_started, True
+    quiet = first and _KINETO_LEVEL_ENV not in os.environ and os.environ.get(KINETO_LOGS_ENV, "").strip() in ("", "0")
+    if quiet:
+        os.environ[_KINETO_LEVEL_ENV] = _KINETO_QUIET
+    try:
+        yield
+    finally:
+        if quiet and os.environ.get(_KINETO_LEVEL_ENV) == _KINETO_QUIET:
+            del os.environ[_KINETO_LEVEL_ENV]
 
 
 class _Profile(torch.profiler.profile):
@@ -179,7 +203,8 @@ class TorchBackend:
         self._stopping = False
         self.windows_saved = 0
         try:
-            profile.start()
+            with _quiet_kineto():
+                profile.start()
         except BaseException:
             self._spec = None
             raise
