@@ -10,9 +10,11 @@ here imports any of them, so a result never depends on how it is shown.
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from instrument import naming
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CLOCK_CAVEAT",
+    "ENGINE_STAGES",
+    "GENERATION_STAGES",
     "ClockInfo",
     "Finding",
     "MemoryFile",
@@ -41,6 +45,11 @@ __all__ = [
     "label_key",
 ]
 
+ENGINE_STAGES = frozenset({"engine", "frontend"})
+"""The stages of rollout engine traces (vLLM / SGLang): a replica's engine and its frontend profile the same
+seconds, inside the stage that generates, so they never add to a step's time."""
+GENERATION_STAGES = frozenset({"generate_sequences", "generate"})
+"""Stages that generate (the engine's work lies inside them); the step timeline's analysis reads the same."""
 CLOCK_CAVEAT = "Clocks of different hosts are not aligned: ranks are compared by durations only, never by timestamps."
 
 
@@ -470,6 +479,11 @@ class StageStats:
     ``None``: one is."""
 
     @property
+    def engine_side(self) -> bool:
+        """A rollout engine's or frontend's row (:data:`ENGINE_STAGES`): beside a stage, not one of the step's."""
+        return self.stage in ENGINE_STAGES
+
+    @property
     def windows(self) -> tuple[tuple[int, int], ...]:
         """The mini-batch windows the ranks' traces hold (empty: the whole stage)."""
         return tuple(sorted({w for r in self.ranks for w in r.windows}))
@@ -504,6 +518,26 @@ def _r(value: float) -> float:
     return round(value, 3)
 
 
+_GENERATION_KEYS = frozenset(label_key(name) for name in GENERATION_STAGES)
+
+
+def _first_starts(spans: TimelineSpans | None) -> dict[tuple[int, str, str], int]:
+    """The earliest start (ns, on the timeline's axis) of every (step, role key, stage key) of ``spans``."""
+    first: dict[tuple[int, str, str], int] = {}
+    if spans is None:
+        return first
+    for lane in spans.lanes:
+        keys = [(kind == "stage", label_key(role), label_key(stage)) for kind, role, stage in lane.names]
+        for n, step, start in zip(lane.name, lane.step, lane.start_ns, strict=True):
+            is_stage, role, stage = keys[n]
+            if is_stage:
+                key = (step, role, stage)
+                held = first.get(key)
+                if held is None or start < held:
+                    first[key] = start
+    return first
+
+
 # --------------------------------------------------------------------------- the result
 
 
@@ -517,7 +551,8 @@ class Report:
 
     directory: str
     stages: tuple[StageStats, ...]
-    """Sorted by the time lost to their straggler (:attr:`StageStats.lost_ms`), the most first."""
+    """Sorted by the time lost to their straggler (:attr:`StageStats.lost_ms`), the most first (``--json``'s
+    order); :attr:`pipeline` has them in the order they ran, as the table, the page and the picture show them."""
     skipped: tuple[Skipped, ...]
     files: int
     """Trace files read."""
@@ -562,6 +597,26 @@ class Report:
     def roles(self) -> tuple[str, ...]:
         """Roles seen."""
         return tuple(sorted({s.role for s in self.stages}))
+
+    @cached_property
+    def pipeline(self) -> tuple[StageStats, ...]:
+        """:attr:`stages` in pipeline order: by step (none last), then by the first start of the stage within
+        its step on the step timeline (:attr:`timeline_spans`, on one clock across hosts). An engine or frontend
+        row (:attr:`StageStats.engine_side`), which the timeline does not hold, comes right after the step's
+        generating stage (:data:`GENERATION_STAGES`), else first (rollout starts a step); other stages the
+        timeline does not hold (every stage, without a timeline) come last in their step, in :attr:`stages`' order."""
+        starts = _first_starts(self.timeline_spans)
+        order = {id(s): i for i, s in enumerate(self.stages)}
+
+        def key(stage: StageStats) -> tuple[bool, int, float, int]:
+            step = -1 if stage.step is None else stage.step
+            at: float | None = starts.get((step, label_key(stage.role), label_key(stage.stage)))
+            if at is None and stage.engine_side:
+                generating = [t for (n, _, name), t in starts.items() if n == step and name in _GENERATION_KEYS]
+                at = min(generating) + 0.5 if generating else -math.inf  # just after it (ns are ints), else first
+            return (stage.step is None, step, math.inf if at is None else at, order[id(stage)])
+
+        return tuple(sorted(self.stages, key=key))
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
