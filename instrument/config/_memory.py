@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from instrument.config._validators import boolean, int_at_least, one_of
+from instrument.config._validators import boolean, guesses_keywords, int_at_least, one_of
 
 __all__ = ["MEMORY_CONTEXTS", "MEMORY_STACKS", "MEMORY_TOOL", "MemorySnapshots"]
 
@@ -23,6 +23,7 @@ MEMORY_STACKS = ("python", "all")
 """Allowed ``MemorySnapshots.stacks`` values: Python frames only, or C++ frames as well."""
 
 
+@guesses_keywords
 @attrs.frozen
 class MemorySnapshots:
     """How CUDA memory snapshots are recorded (``ProfilerConfig(memory=...)``; docs/memory.md).

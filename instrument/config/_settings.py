@@ -11,7 +11,6 @@ overrides (:meth:`ProfilerConfig.from_overrides`), accepting verl's key names
 from __future__ import annotations
 
 import difflib
-import functools
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -43,6 +42,7 @@ from instrument.config._validators import (
     to_path,
     to_sorted_tuple,
 )
+from instrument.config._validators import guesses_keywords as _guesses_keywords
 
 __all__ = [
     "CONTENTS",
@@ -68,28 +68,6 @@ def _from_mapping(cls: type[_T], value: Any, prefix: str) -> Any:
                 raise ValueError(_unknown_key(f"{prefix}.{key}", [f"{prefix}.{n}" for n in names]))
         return cls(**value)
     return value
-
-
-def _unknown_keyword(cls: type, key: str, names: Sequence[str]) -> str:
-    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)  # a keyword list is short: guess more boldly
-    hint = f"did you mean {close[0]!r}?" if close else f"valid keywords: {', '.join(names)}"
-    return f"{cls.__name__}() got an unexpected keyword argument {key!r}; {hint}"
-
-
-def _guesses_keywords(cls: type[_T]) -> type[_T]:
-    """Unknown keywords still raise ``TypeError``, but with a "did you mean" (as the overrides path says)."""
-    init = cls.__init__
-    names = tuple(f.alias for f in attrs.fields(cls))  # type: ignore[arg-type]
-
-    @functools.wraps(init)
-    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it is the class's __init__
-        for key in kwargs:
-            if key not in names:
-                raise TypeError(_unknown_keyword(cls, key, names))
-        init(self, *args, **kwargs)
-
-    setattr(cls, "__init__", __init__)  # noqa: B010 - mypy refuses assigning a method
-    return cls
 
 
 # --------------------------------------------------------------------------- value classes

@@ -4,12 +4,14 @@ the allowed values and the value given."""
 from __future__ import annotations
 
 import collections
+import difflib
+import functools
 import math
 import os
 import stat
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -25,6 +27,7 @@ __all__ = [
     "check_contents",
     "check_path",
     "check_timeout",
+    "guesses_keywords",
     "int_at_least",
     "int_tuple",
     "is_int",
@@ -44,6 +47,8 @@ CONTENTS = ("cpu", "cuda", "memory", "shapes", "stack")
 
 HOOK_OUTPUTS = ("stderr", "log")
 """Allowed values of ``FinishHook.output``: the hook's lines on stderr, or in the log only."""
+
+_T = TypeVar("_T")
 
 DIALECTS = ("instrument", "verl")
 """Allowed values of ``ProfilerConfig.dialect``: instrument's own rules, or verl 0.9.1's."""
@@ -209,3 +214,25 @@ def check_timeout(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -
         raise TypeError(f"'{attribute.name}' must be a number of seconds > 0: {value!r}")
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"'{attribute.name}' must be a finite number of seconds > 0: {value!r}")
+
+
+def _unknown_keyword(cls: type, key: str, names: Sequence[str]) -> str:
+    close = difflib.get_close_matches(key, names, n=1, cutoff=0.5)  # a keyword list is short: guess more boldly
+    hint = f"did you mean {close[0]!r}?" if close else f"valid keywords: {', '.join(names)}"
+    return f"{cls.__name__}() got an unexpected keyword argument {key!r}; {hint}"
+
+
+def guesses_keywords(cls: type[_T]) -> type[_T]:
+    """Unknown keywords still raise ``TypeError``, but with a "did you mean" (as the overrides path says)."""
+    init = cls.__init__
+    names = tuple(f.alias for f in attrs.fields(cls))  # type: ignore[arg-type]
+
+    @functools.wraps(init)
+    def __init__(self: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N807 - it is the class's __init__
+        for key in kwargs:
+            if key not in names:
+                raise TypeError(_unknown_keyword(cls, key, names))
+        init(self, *args, **kwargs)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 - mypy refuses assigning a method
+    return cls

@@ -128,6 +128,8 @@ class _Export:
     spec: TraceSpec
     window: tuple[int, int] | None
     partial: bool
+    basename: str
+    """Tried first for the published trace: a memory timeline beside it has the same one."""
 
 
 class TorchBackend:
@@ -283,7 +285,7 @@ class TorchBackend:
         if wants_memory_timeline(spec.contents):
             self._export_memory_timeline(profile, spec, window, partial, basename)
         self.windows_saved += 1
-        self._exports.submit(_Export(json_path, spec, window, partial))
+        self._exports.submit(_Export(json_path, spec, window, partial, basename))
 
     def _export_memory_timeline(
         self, profile: torch.profiler.profile, spec: TraceSpec, window: tuple[int, int] | None, partial: bool, base: str
@@ -325,9 +327,13 @@ class TorchBackend:
         self._publish_record(record_of(job.spec, final, tool=self.tool, window=job.window, partial=job.partial))
 
     def _publish(self, job: _Export, pack: Callable[[Path], Path] | None) -> Path:
-        """Link ``pack(final name)`` (or, with ``pack=None``, the plain JSON) under a free final name."""
+        """Link ``pack(final name)`` (or, with ``pack=None``, the plain JSON) under a free final name:
+        ``job.basename``'s, which a memory timeline of the trace shares, unless that one is taken."""
         suffix = TRACE_SUFFIX if pack is not None else TRACE_SUFFIX.removesuffix(".gz")
         source = pack if pack is not None else (lambda _final: fsynced(job.json_path))
+        paired = Path(job.spec.save_path).absolute() / (job.basename + suffix)
+        if not os.path.lexists(paired) and link_exclusively(source(paired), paired):
+            return paired
         return publish_as(job.spec, suffix, source, window=job.window, partial=job.partial)
 
     def flush(self) -> None:

@@ -49,6 +49,9 @@ def test_memory_events_and_a_timeline_beside_each_trace(tmp_path: Path) -> None:
     assert windows == [(0, 0), (1, 1)]
     for timeline in timelines:
         assert "<img src='data:image/png;base64," in timeline.read_text()
+    # beside its trace under the same name, timestamp included: the pairing docs/memory.md promises
+    paired = {t.name.removesuffix(MEMORY_TIMELINE_SUFFIX) for t in timelines}
+    assert paired == {t.name.removesuffix(".pt.trace.json.gz") for t in traces}
     (manifest,) = tmp_path.glob("instrument-manifest-*.jsonl")
     records = [json.loads(line) for line in manifest.read_text().splitlines()]
     listed = {r["path"]: r for r in records}
