@@ -17,16 +17,28 @@ import math
 import os
 import statistics
 import zlib
+from collections import defaultdict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from instrument.analyze._model import Report, label_key
+from instrument import naming
+from instrument.analyze._model import Report, StageStats, label_key
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._lanes import TimelineView, nesting_depths, steps_within, timeline_view
 from instrument.analyze.render._words import ms
 
-__all__ = ["gpu_parts", "png_bytes", "report_colors", "stage_colors", "write_png"]
+__all__ = [
+    "gpu_parts",
+    "is_engine",
+    "pipeline_order",
+    "png_bytes",
+    "report_colors",
+    "shown_ms",
+    "stage_colors",
+    "windows_label",
+    "write_png",
+]
 
 _MAX_HEATMAP_ROWS = 40
 
@@ -62,9 +74,72 @@ def report_colors(report: Report) -> dict[tuple[str, str], str]:
     return stage_colors(keys)
 
 
-def _in_order(stage: Any) -> tuple[int, str, str]:
-    """Rows by step (no step first), role and stage."""
-    return (-1 if stage.step is None else stage.step, stage.role, stage.stage)
+def is_engine(stage: StageStats) -> bool:
+    """A rollout engine's row (vLLM / SGLang worker or frontend): its ranks have work but no collective wait, and
+    no stage range (the profiling window is all the trace bounds), so it is judged by its execution time."""
+    return bool(stage.ranks) and all(r.basis == "span" and r.work_ms is not None and not r.comm_ms for r in stage.ranks)
+
+
+def shown_ms(stage: StageStats) -> float:
+    """What a bar draws for a stage: its slowest rank by what the table judges (work where it judges by work),
+    so an engine counts its execution, not the window that an engine and its frontend share."""
+    return max(r.judged_ms for r in stage.ranks) if stage.judged_by == "work" and stage.ranks else stage.max_ms
+
+
+def pipeline_order(report: Report) -> dict[tuple[str, str], float]:
+    """Per (role, stage) label keys, where it first starts within its step, ms (median over steps): the order
+    the pipeline runs them in. From the timeline's spans; a stage they lack, from its files' name timestamps
+    (taken when a trace opens) against the first of that step. Stages without either are missing."""
+    offsets: dict[tuple[str, str], list[float]] = defaultdict(list)
+    if report.timeline_spans is not None:
+        for lane in report.timeline_spans.lanes:
+            step_start: dict[int, int] = {}
+            first: dict[tuple[str, str, int], int] = {}
+            for kind, role, stage, step, start, _, _ in lane.rows():
+                if kind == "step":
+                    step_start[step] = min(start, step_start.get(step, start))
+                elif kind == "stage":
+                    where = (label_key(role), label_key(stage), step)
+                    first[where] = min(start, first.get(where, start))
+            for (role_key, stage_key, step), start in first.items():
+                if step in step_start:
+                    offsets[role_key, stage_key].append((start - step_start[step]) / 1e6)
+    stamps: dict[tuple[int | None, str, str], int] = {}
+    for row in report.stages:
+        key = (label_key(row.role), label_key(row.stage))
+        if key in offsets:
+            continue
+        names = [naming.parse_trace_name(os.path.basename(f)) for r in row.ranks for f in r.files]
+        times = [n.timestamp_ns for n in names if n is not None]
+        if times:
+            stamps[(row.step, key[0], key[1])] = min(times)
+    step_first: dict[int | None, int] = {}
+    for (at, _, _), stamp in stamps.items():
+        step_first[at] = min(stamp, step_first.get(at, stamp))
+    for (at, role_key, stage_key), stamp in stamps.items():
+        offsets[role_key, stage_key].append((stamp - step_first[at]) / 1e6)
+    return {key: statistics.median(values) for key, values in offsets.items()}
+
+
+def _order_key(order: dict[tuple[str, str], float], role: str, stage: str) -> tuple[float, str, str]:
+    return (order.get((label_key(role), label_key(stage)), math.inf), role, stage)
+
+
+def _in_order(stage: StageStats, order: dict[tuple[str, str], float]) -> tuple[int, float, str, str]:
+    """Rows by step (no step first), then in pipeline order (by name where it is unknown)."""
+    return (-1 if stage.step is None else stage.step, *_order_key(order, stage.role, stage.stage))
+
+
+def windows_label(windows: Iterable[tuple[int, int]], partial: bool = False) -> str:
+    """`` [mb2-3]`` for the mini-batch windows a row's traces hold, as the table writes it; empty for none."""
+    parts = [f"mb{a}" if a == b else f"mb{a}-{b}" for a, b in sorted(set(windows))]
+    if partial:
+        parts.append("partial")
+    return f" [{','.join(parts)}]" if parts else ""
+
+
+def _row_windows(stage: StageStats) -> str:
+    return windows_label(stage.windows, any(r.partial for r in stage.ranks))
 
 
 def _step_label(step: int | None) -> str:
@@ -76,49 +151,81 @@ def _series_name(role: str, stage: str, roles: int) -> str:
 
 
 def _heatmap_rows(
-    report: Report, judged: bool = False
-) -> tuple[list[str], list[tuple[str, str]], list[str], list[list[float]]]:
-    """Row labels, each row's (role, stage), column labels (ranks) and ms (NaN where a rank has no trace):
-    wall time, or with ``judged`` what the table judges stragglers by (work where the row has it)."""
+    report: Report, judged: bool = False, order: dict[tuple[str, str], float] | None = None
+) -> tuple[list[str], list[StageStats], list[str], list[list[float]]]:
+    """Row labels, each row's stage (one per step, or past :data:`_MAX_HEATMAP_ROWS` the first of each role x
+    stage), column labels (ranks) and ms (NaN where a rank has no trace): wall time, or with ``judged`` what
+    the table judges stragglers by (work where the row has it). Rows in pipeline order within each step."""
     labels: dict[tuple[int, str], str] = {}
     for stage in report.stages:
         for r in stage.ranks:
             labels[(0, f"{r.rank:09d}") if r.rank is not None else (1, f"{r.replica or 0:09d}")] = r.label
     columns = [labels[k] for k in sorted(labels)]
     index = {label: i for i, label in enumerate(columns)}
-    ordered = sorted(report.stages, key=_in_order)
+    order = pipeline_order(report) if order is None else order
+    ordered = sorted(report.stages, key=lambda s: _in_order(s, order))
     roles = len(report.roles)
     rows: list[str] = []
-    keys: list[tuple[str, str]] = []
+    keys: list[StageStats] = []
     values: list[list[float]] = []
     if len(ordered) <= _MAX_HEATMAP_ROWS:
         for stage in ordered:
             row = [math.nan] * len(columns)
             for r in stage.ranks:
                 row[index[r.label]] = r.judged_ms if judged else r.wall_ms
-            rows.append(f"{_step_label(stage.step)}  {_series_name(stage.role, stage.stage, roles)}")
-            keys.append((stage.role, stage.stage))
+            name = _series_name(stage.role, stage.stage, roles)
+            rows.append(f"{_step_label(stage.step)}  {name}{_row_windows(stage)}")
+            keys.append(stage)
             values.append(row)
         return rows, keys, columns, values
     # Too many steps for a row each: the mean over steps per role x stage.
-    sums: dict[tuple[str, str], list[list[float]]] = {}
+    sums: dict[tuple[str, str], tuple[list[StageStats], list[list[float]]]] = {}
     for stage in ordered:
-        acc = sums.setdefault((stage.role, stage.stage), [[] for _ in columns])
+        held, acc = sums.setdefault((stage.role, stage.stage), ([], [[] for _ in columns]))
+        held.append(stage)
         for r in stage.ranks:
             acc[index[r.label]].append(r.judged_ms if judged else r.wall_ms)
-    for (role, name), acc in sorted(sums.items()):
-        rows.append(f"{_series_name(role, name, roles)} (mean of steps)")
-        keys.append((role, name))
+    for (role, name), (held, acc) in sorted(sums.items(), key=lambda item: _order_key(order, *item[0])):
+        windows = windows_label([w for s in held for w in s.windows], any(r.partial for s in held for r in s.ranks))
+        rows.append(f"{_series_name(role, name, roles)}{windows} (mean of steps)")
+        keys.append(held[0])
         values.append([statistics.fmean(v) if v else math.nan for v in acc])
     return rows, keys, columns, values
+
+
+def _legend_below(ax: Any, handles: list[Any], labels: list[str], width_in: float, offset: float = -0.1) -> None:
+    """A legend under ``ax``, in as many columns as the figure's width holds for the longest label, so it never
+    runs past the figure's edge (constrained layout makes room below, never beside)."""
+    labels = [label if len(label) <= _LEGEND_CHARS else label[: _LEGEND_CHARS - 1] + "…" for label in labels]
+    column_in = max((len(label) for label in labels), default=1) * _CHAR_IN + 0.55  # text, swatch, gap
+    ncol = max(1, min(len(labels), int((width_in - 0.8) // column_in)))
+    ax.legend(handles, labels, fontsize=8, loc="upper center", bbox_to_anchor=(0.5, offset), ncol=ncol, frameon=False)
+
+
+_LEGEND_CHARS = 70
+_CHAR_IN = 0.07  # a character at 8 pt, in inches, generously (DejaVu Sans averages ~0.06)
+
+
+def _judged_words(stages: Iterable[StageStats]) -> tuple[bool, str]:
+    """Whether some row is judged by work, and what work means for the rows shown (collectives, engines)."""
+    listed = list(stages)
+    waits = any(s.judged_by == "work" and not is_engine(s) for s in listed)
+    engines = any(is_engine(s) for s in listed)
+    parts = []
+    if waits:
+        parts.append("time outside CPU-side waits in collectives")
+    if engines:
+        parts.append("an engine's execution time, not its profiling window")
+    return waits or engines, "; ".join(parts)
 
 
 def _figure(report: Report) -> Any:
     from matplotlib.figure import Figure
 
     # The heatmap shows what the table's straggler is judged by, so the boxed rank is the one it names.
-    judged = any(s.judged_by == "work" and len(s.ranks) > 1 for s in report.stages)
-    rows, keys, columns, values = _heatmap_rows(report, judged)
+    judged, meaning = _judged_words(report.stages)
+    order = pipeline_order(report)
+    rows, keys, columns, values = _heatmap_rows(report, judged, order)
     colors = report_colors(report)
     gpu = [g for g in report.gpu if g["step"] is None]  # whole traces: one bar a rank
     height_a = 1.2 + 0.32 * max(len(rows), 1)
@@ -133,14 +240,15 @@ def _figure(report: Report) -> Any:
     grid = fig.add_gridspec(len(heights), 1, height_ratios=heights)
     fig.suptitle(f"instrument analyze: {report.directory}", fontsize=11)
     top = fig.add_subplot(grid[0])
+    what = "work" if judged else "wall time"
     if len(columns) == 1:
-        _draw_one_rank(top, rows, [colors[k] for k in keys], columns[0], [row[0] for row in values])
+        shown = [colors[(k.role, k.stage)] for k in keys]
+        _draw_one_rank(top, rows, shown, columns[0], [row[0] for row in values], what, meaning)
     else:
         # a row per stage: boxed only where the table names a straggler (none below the floor)
-        in_rows = sorted(report.stages, key=_in_order)
-        named = [s.straggler is not None for s in in_rows] if len(rows) == len(in_rows) else None
-        _draw_heatmap(fig, top, rows, columns, values, judged, named)
-    _draw_breakdown(fig.add_subplot(grid[1]), report, colors)
+        named = [s.straggler is not None for s in keys] if len(keys) == len(report.stages) else None
+        _draw_heatmap(fig, top, rows, columns, values, what, meaning, named)
+    _draw_breakdown(fig.add_subplot(grid[1]), report, colors, order, width)
     if gpu:
         _draw_gpu(fig.add_subplot(grid[2]), gpu)
     if report.gpu_idle:
@@ -148,7 +256,7 @@ def _figure(report: Report) -> Any:
         _draw_idle(fig.add_subplot(sub[0]), report.gpu_idle, report.gpu_kernels)
         _draw_kernels(fig.add_subplot(sub[1]), report.gpu_kernels)
     if view is not None:
-        _draw_timeline(fig.add_subplot(grid[len(heights) - 1]), view, colors)
+        _draw_timeline(fig.add_subplot(grid[len(heights) - 1]), view, colors, width)
     return fig
 
 
@@ -156,7 +264,9 @@ def _rank_label(column: str) -> str:
     return f"rank {column}" if column.isdigit() else column
 
 
-def _draw_one_rank(ax: Any, rows: list[str], colors: list[str], column: str, values: list[float]) -> None:
+def _draw_one_rank(
+    ax: Any, rows: list[str], colors: list[str], column: str, values: list[float], what: str, meaning: str
+) -> None:
     """(a) for one rank: no straggler to find, so each stage's time as a bar in the stage's colour
     (a heatmap of one column would be one flat colour)."""
     widths = [0.0 if math.isnan(v) else v for v in values]
@@ -170,7 +280,9 @@ def _draw_one_rank(ax: Any, rows: list[str], colors: list[str], column: str, val
     ax.set_xlim(0, right * 1.12)  # room for the last label
     ax.set_xlabel("ms", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(f"(a) stage wall time, ms: one rank ({_rank_label(column)}), so no straggler to compare", fontsize=10)
+    how = f"\nwork: {meaning}" if meaning else ""
+    title = f"(a) stage {what}, ms: one rank ({_rank_label(column)}), so no straggler to compare{how}"
+    ax.set_title(title, fontsize=10)
 
 
 def _draw_heatmap(
@@ -179,7 +291,8 @@ def _draw_heatmap(
     rows: list[str],
     columns: list[str],
     values: list[list[float]],
-    judged: bool = False,
+    what: str = "wall time",
+    meaning: str = "",
     named: list[bool] | None = None,
 ) -> None:
     """(a) stage time per rank, coloured by time / median of the row's ranks; the straggler boxed (on the
@@ -206,7 +319,8 @@ def _draw_heatmap(
         finite = [v for v in row if not math.isnan(v)]
         for j, value in enumerate(row):
             if annotate and not math.isnan(value):
-                dark = not 0.2 <= norm(ratios[i][j]) <= 0.8  # the ends of the colour map are dark
+                # the ends of the colour map are dark; a cell without a ratio (a median of 0) is blank
+                dark = not math.isnan(ratios[i][j]) and not 0.2 <= norm(ratios[i][j]) <= 0.8
                 ax.text(j, i, ms(value), ha="center", va="center", fontsize=7, color="white" if dark else "black")
         if len(finite) > 1 and (named is None or named[i]):
             slowest = row.index(max(finite))
@@ -214,35 +328,42 @@ def _draw_heatmap(
                 ax.add_patch(Rectangle((slowest - 0.5, i - 0.5), 1, 1, fill=False, edgecolor="black", linewidth=2))
     bar = fig.colorbar(image, ax=ax, fraction=0.04, pad=0.01)
     bar.set_label("time / median of ranks", fontsize=8)
-    what = "work" if judged else "wall time"
-    how = (
-        "\nwork: time outside CPU-side waits in collectives (engines: execution time), as the table judges"
-        if judged
-        else ""
-    )
+    how = f"\nwork: {meaning}, as the table judges" if meaning else ""
     ax.set_title(f"(a) stage {what} per rank, ms (boxed: the straggler, >= 1.1x the median){how}", fontsize=10)
 
 
-def _draw_breakdown(ax: Any, report: Report, colors: dict[tuple[str, str], str]) -> None:
-    """(b) per step, the stages' times stacked (each stage's slowest rank), each stage in its own colour."""
+def _draw_breakdown(
+    ax: Any, report: Report, colors: dict[tuple[str, str], str], order: dict[tuple[str, str], float], width_in: float
+) -> None:
+    """(b) per step, the stages' times stacked in pipeline order from the bottom (each stage's slowest rank, by
+    work where the table judges by work: an engine's execution, never its window twice), each in its colour."""
     steps = sorted({s.step for s in report.stages}, key=lambda step: -1 if step is None else step)
     series: dict[tuple[str, str], dict[int | None, float]] = {}
+    rows: dict[tuple[str, str], list[StageStats]] = defaultdict(list)
     for stage in report.stages:
-        series.setdefault((stage.role, stage.stage), {})[stage.step] = stage.max_ms
-    order = sorted(series, key=lambda k: (-sum(series[k].values()), k))
+        series.setdefault((stage.role, stage.stage), {})[stage.step] = shown_ms(stage)
+        rows[stage.role, stage.stage].append(stage)
+    drawn = sorted((k for k in series if any(series[k].values())), key=lambda k: _order_key(order, *k))
     roles = len(report.roles)
     bottoms = [0.0] * len(steps)
     positions = list(range(len(steps)))
-    for key in order:
+    handles, labels = [], []
+    for key in drawn:
         heights = [series[key].get(step, 0.0) for step in steps]
-        name = _series_name(*key, roles)
-        ax.bar(positions, heights, bottom=bottoms, label=name, color=colors[key], edgecolor="white", linewidth=0.5)
+        held = rows[key]
+        windows = windows_label([w for s in held for w in s.windows], any(r.partial for s in held for r in s.ranks))
+        bars = ax.bar(positions, heights, bottom=bottoms, color=colors[key], edgecolor="white", linewidth=0.5)
+        handles.append(bars)
+        labels.append(_series_name(*key, roles) + windows)
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set_xticks(positions, [_step_label(s) for s in steps])
     ax.set_ylabel("ms" if len(report.ranks) <= 1 else "ms (slowest rank of each stage)")
-    ax.set_title("(b) per-step breakdown: stage wall time, stacked", fontsize=10)
-    if order:
-        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=min(3, len(order)), frameon=False)
+    engines = any(is_engine(s) for s in report.stages)
+    what = "stage time (engines: execution time)" if engines else "stage wall time"
+    ax.set_title(f"(b) per-step breakdown: {what}, stacked in pipeline order from the bottom", fontsize=10)
+    if drawn:
+        # the legend reads as the stack does, the last stage (the top bar) first
+        _legend_below(ax, handles[::-1], labels[::-1], width_in)
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -301,7 +422,8 @@ def _draw_gpu(ax: Any, rows: list[dict[str, Any]]) -> None:
     ax.set_xticks(positions, labels, fontsize=8)
     ax.set_ylabel("ms (GPU span)")
     ax.set_title("(c) GPU time per rank, whole trace (overlap: communication also running compute)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4, frameon=False)
+    handles, labels = ax.get_legend_handles_labels()
+    _legend_below(ax, handles, labels, ax.get_figure().get_figwidth())
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -333,7 +455,9 @@ def _draw_idle(ax: Any, idle: Iterable[dict[str, Any]], kernels: Iterable[dict[s
     ax.set_xticks(positions, ["?" if r["rank"] is None else f"rank {r['rank']}" for r in rows], fontsize=8)
     ax.set_ylabel("ms (per stream, summed)")
     ax.set_title("(d) GPU idle time by cause (HTA's idle breakdown)", fontsize=10)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=3, frameon=False)
+    # (d) takes the left part of its row (1 : 1.4 beside the kernels)
+    handles, labels = ax.get_legend_handles_labels()
+    _legend_below(ax, handles, labels, ax.get_figure().get_figwidth() / 2.4)
     ax.grid(axis="y", alpha=0.3)
 
 
@@ -361,7 +485,7 @@ _DEPTH_HEIGHTS = (0.72, 0.46, 0.26)  # a stage inside another is drawn inside it
 _PICTURE_BARS = 60_000
 
 
-def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], str]) -> None:
+def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], str], width_in: float) -> None:
     """(f) the step timeline: a lane per process (or role bands), steps shaded, stages in their colours."""
     from matplotlib.patches import Patch
 
@@ -375,6 +499,7 @@ def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], st
         if i % every == 0:
             ax.text((start + end) / 2e6, -0.7, f"step {step}", ha="center", va="bottom", fontsize=7, color="#555")
     seen: dict[tuple[str, str], str] = {}
+    first_start: dict[tuple[str, str], int] = {}
     for y, drawn in enumerate(view.lanes):
         step_bars: list[tuple[float, float]] = []
         stage_rows: list[tuple[str, str, int, int, int]] = []
@@ -385,6 +510,7 @@ def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], st
                 step_bars.append((start / 1e6, (end - start) / 1e6))
             elif kind == "stage":
                 stage_rows.append((role, stage, start, end, thread))
+                first_start[role, stage] = min(start, first_start.get((role, stage), start))
         ax.broken_barh(step_bars, (y - 0.41, 0.82), facecolors=_STEP_COLOR, zorder=1)
         depths = nesting_depths([(s, e, t) for _, _, s, e, t in stage_rows])
         groups: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
@@ -412,15 +538,7 @@ def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], st
         title += f"; steps {steps[0][0]}-{steps[-1][0]} of {n_steps}"
     ax.set_title(title, fontsize=10)
     roles = len({role for role, _ in seen})
-    handles = [
-        Patch(color=c, label=stage if roles == 1 else f"{role}: {stage}") for (role, stage), c in sorted(seen.items())
-    ]
-    handles.append(Patch(color=_STEP_COLOR, label="step (grey: idle)"))
-    ax.legend(
-        handles=handles,
-        fontsize=8,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.3),
-        ncol=min(3, len(handles)),
-        frameon=False,
-    )
+    keys = sorted(seen, key=lambda k: (first_start.get(k, math.inf), k))  # as the lanes run them
+    handles: list[Any] = [Patch(color=seen[k]) for k in keys] + [Patch(color=_STEP_COLOR)]
+    labels = [stage if roles == 1 else f"{role}: {stage}" for role, stage in keys] + ["step (grey: idle)"]
+    _legend_below(ax, handles, labels, width_in, offset=-0.3)
