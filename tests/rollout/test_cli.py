@@ -105,7 +105,7 @@ def test_launch_args_prints_shell_words_for_the_version(capsys: pytest.CaptureFi
     config = json.loads(out.split(" ", 1)[1].strip().strip("'"))
     assert config["torch_profiler_dir"] == str(tmp_path / "replica2")
     assert config["torch_profiler_record_shapes"] is True and config["torch_profiler_with_stack"] is False
-    assert "vLLM 0.32.0 (given)" in err and "after 'vllm serve MODEL'" in err
+    assert "vLLM 0.32.0 (given)" in err and "at the end of the server's command line" in err
 
 
 def test_launch_args_for_an_old_vllm_are_environment_assignments(
