@@ -33,7 +33,9 @@ __all__ = [
     "RankTimeline",
     "Report",
     "RoleTimeline",
+    "RunFacts",
     "Skipped",
+    "StageOps",
     "StageStats",
     "StepTimeline",
     "TimeShare",
@@ -538,6 +540,44 @@ def _first_starts(spans: TimelineSpans | None) -> dict[tuple[int, str, str], int
     return first
 
 
+@dataclass(frozen=True)
+class StageOps:
+    """The ops of most self time in one role's stage, from the files of one of its instances (its slowest rank
+    in its last step): the page's top ops (:mod:`.._details`)."""
+
+    role: str
+    stage: str
+    step: int | None
+    rank: str
+    """The label of the rank read (:attr:`RankStats.label`)."""
+    ops: tuple[tuple[str, float, int], ...]
+    """(name, self ms, calls), the most self time first."""
+    files: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the run's manifests and file names say about it: the page's run information (:mod:`.._details`)."""
+
+    hosts: tuple[str, ...]
+    first_ns: int | None
+    """The earliest and latest file-name timestamp (wall clock, ns since the epoch); ``None`` when no name says."""
+    last_ns: int | None
+    tools: tuple[str, ...]
+    roles: tuple[tuple[str, int | None, tuple[int, ...]], ...]
+    """(role, world size, the ranks that wrote traces), by role."""
+    steps: tuple[int, ...]
+    """The steps the traces are of (profiled steps)."""
+    modes: tuple[str, ...]
+    """``discrete`` (a file per stage) and / or ``continuous`` (a file per step)."""
+    windows: tuple[tuple[int, int], ...]
+    """The mini-batch windows scheduled stages recorded."""
+    manifests: int
+    triggered: int
+    """Files a trigger (slow step, on demand) wrote."""
+    partial: int
+
+
 # --------------------------------------------------------------------------- the result
 
 
@@ -577,6 +617,10 @@ class Report:
     """Why there is no :attr:`timeline`, when there is none."""
     timeline_spans: TimelineSpans | None = None
     """The spans behind :attr:`timeline`, per process, for the pictures and ``--merged-trace`` (not in ``--json``)."""
+    run: RunFacts | None = None
+    """What the files say about the run, for the page (:func:`~._details.with_details`; not in ``--json``)."""
+    stage_ops: tuple[StageOps, ...] = ()
+    """The top ops of each role's stage, for the page (:func:`~._details.with_details`; not in ``--json``)."""
 
     @property
     def ok(self) -> bool:
