@@ -22,6 +22,7 @@ from instrument.config import ProfilerConfig, Schedule
 from instrument.finish._coordinator import FinishCoordinator
 from instrument.manifest import Manifest, TraceRecord
 from instrument.recorders import FastRanges, Recorder, TraceSpec
+from instrument.run._clock import StoreClock
 from instrument.run._process import (
     detect_rank_and_world,
     install_process_hooks,
@@ -111,6 +112,7 @@ class Session(StageTracing):
                 report=self._fail,
                 ready=self.save_path_ready,
             )
+        self.clock: StoreClock | None = None  # torch.distributed's clock exchange, started by start_session
         self._step_started_ns = 0
         self._save_path_ok: bool | None = None
         self._save_path_lock = threading.Lock()
@@ -378,6 +380,8 @@ class Session(StageTracing):
         if self.timeline is not None:
             self.timeline.forget()  # the parent's file; the child's spans are not recorded
             self.timeline = None
+        if self.clock is not None:
+            self.clock.forget()
         STATE.spans = None
         self._lock, self._finish_lock = threading.RLock(), threading.Lock()  # another thread may have held them
         self._holder, self.terminate_pending = 0, False
@@ -403,6 +407,8 @@ class Session(StageTracing):
             if not self.finished:
                 if self.step is not None:
                     self.end_step()
+                if self.clock is not None:
+                    self.clock.at_finish()  # bounded; its estimate goes in before the timeline closes
                 self.flush()
                 if run_hook and self.hook.automatic:
                     self.run_finish_hook()
@@ -441,6 +447,10 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
     _stop_watching_out_of_memory()
     session = Session(config, role=role, rank=rank, world_size=world_size)
     session.watch_out_of_memory()
+    if session.timeline is not None:
+        session.clock = StoreClock.start(
+            save_path=config.save_path, add_clock=session.timeline.add_clock, report=session._fail
+        )
     STATE.recording, STATE.fast, STATE.step = False, None, 0
     STATE.engaged = session.engaged
     STATE.observers = None if session.metrics is None else session.metrics.observers

@@ -28,6 +28,7 @@ from typing import Any
 from instrument import naming
 from instrument.manifest import TraceRecord
 from instrument.naming import TIMELINE_STAGE, TIMELINE_SUFFIX
+from instrument.run._clock import reported_host
 from instrument.timeline import (
     encode_clock,
     encode_header,
@@ -67,6 +68,7 @@ class TimelineWriter:
         self.dropped = 0
         self._save_path, self._role, self._rank, self._world_size = save_path, role, rank, world_size
         self._publish, self._report, self._ready = publish, report, ready
+        self._host = reported_host()  # read once, at configure: the clock exchange reports the same host
         self._names: dict[Any, int] = {}
         self._threads: dict[int, int] = {}
         self._fd: int | None = None
@@ -193,7 +195,7 @@ class TimelineWriter:
     def _create(self) -> int:
         Path(self._save_path).mkdir(parents=True, exist_ok=True)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
-        host = naming.short_hostname()
+        host = self._host
         for _ in range(5):  # a taken name (a recycled pid, a planted file) gets a new timestamp
             name = naming.trace_basename(
                 role=self._role, stage=TIMELINE_STAGE, step=0, rank=self._rank, world_size=self._world_size, host=host
