@@ -81,7 +81,8 @@ def _reason(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- header
 
 
-_HEADER_KEYS = ("distributedInfo", "instrument")
+_HEADER_KEYS = ("distributedInfo", "instrument", "baseTimeNanoseconds", "host_name")
+# kineto writes event times in µs after baseTimeNanoseconds (the wall clock, ns) and the host before the events
 
 
 def read_header(path: str) -> dict[str, Any]:
@@ -152,6 +153,12 @@ class FileScan:
     """Each ``ProfilerStep#N`` range: ``(N, µs)``."""
     notes: list[str] = field(default_factory=list)
     """Why the file was read as one range (no recognisable stage or step), if it was."""
+    stage_ranges: list[tuple[str, int | None, float, float]] = field(default_factory=list)
+    """Where each measured stage lies: ``(name, ProfilerStep N or None: the file's own step, start µs, end µs)``."""
+    step_ranges: list[tuple[int, float, float]] = field(default_factory=list)
+    """Each ``ProfilerStep#N`` range: ``(N, start µs, end µs)``, on the file's clock."""
+    extent: tuple[float, float] | None = None
+    """The first event's start and the last one's end (µs); ``None`` without events."""
 
 
 @contextlib.contextmanager
@@ -286,7 +293,20 @@ def _scanned(scanner: Scanner, header: dict[str, Any], size: int) -> FileScan:
     segments = scanner.finish()
     steps = [(number, end - start) for number, start, end in scanner.steps]
     gpu = scanner.gpu
-    return FileScan(segments, header, scanner.events, size, gpu.rows(), kernel_times(gpu), steps, scanner.notes)
+    extent = (scanner.first, scanner.last) if scanner.first <= scanner.last else None
+    return FileScan(
+        segments,
+        header,
+        scanner.events,
+        size,
+        gpu.rows(),
+        kernel_times(gpu),
+        steps,
+        scanner.notes,
+        scanner.stage_ranges,
+        scanner.steps,
+        extent,
+    )
 
 
 def _scanner(trace: TraceFile, header: dict[str, Any], wanted: frozenset[str] | None) -> Scanner:

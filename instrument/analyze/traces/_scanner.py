@@ -91,6 +91,8 @@ class Scanner:
         self.open: dict[tuple[Any, Any], list[dict[str, Any]]] = {}  # B events not closed yet, per thread
         self.categories = 0  # duration events with a category
         self.notes: list[str] = []
+        # where each stage the segments measure lies: (name, step or None: the file's own, start, end)
+        self.stage_ranges: list[tuple[str, int | None, float, float]] = []
 
     def _kind(self, name: str) -> int:
         """0: an ordinary event, 1: a mini-batch range, 2: a stage range (or, found inside, a candidate),
@@ -225,6 +227,9 @@ class Scanner:
                 if cat == "cpu_op":
                     self.cpu.setdefault((pid, tid), Ranges()).add(start, end)
             self.markers = []
+            self.stage_ranges = [
+                (p.name, p.step, lo, hi) for p in picked for lo, hi in zip(p.starts, p.ends, strict=True)
+            ]
             if not picked and self.inside:
                 # no annotation: each ProfilerStep whole, or (neither) the whole trace as one row
                 picked = [Picked(n, self.stage, [lo], [hi]) for n, lo, hi in sorted(self.steps)]
@@ -256,6 +261,9 @@ class Scanner:
         else:
             starts, ends = ([self.first], [self.last]) if self.events else ([], [])
             basis = "span"
+        if basis != "span":  # no range at all is no stage range; a window's mini-batches: one, first to last
+            pairs = list(zip(starts, ends, strict=True)) if basis == "stage" else [(starts[0], ends[-1])]
+            self.stage_ranges = [(self.stage, None, lo, hi) for lo, hi in pairs]
         cpu_us = 0.0
         for ranges in self.cpu.values():
             cpu_us += length(*ranges.merged())
