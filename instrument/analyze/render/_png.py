@@ -22,7 +22,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from instrument import naming
 from instrument.analyze._model import Report, StageStats, label_key
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._lanes import TimelineView, nesting_depths, steps_within, timeline_view
@@ -30,7 +29,6 @@ from instrument.analyze.render._words import ms
 
 __all__ = [
     "gpu_parts",
-    "is_engine",
     "pipeline_order",
     "png_bytes",
     "report_colors",
@@ -74,60 +72,23 @@ def report_colors(report: Report) -> dict[tuple[str, str], str]:
     return stage_colors(keys)
 
 
-def is_engine(stage: StageStats) -> bool:
-    """A rollout engine's row (vLLM / SGLang worker or frontend): its ranks have work but no collective wait, and
-    no stage range (the profiling window is all the trace bounds), so it is judged by its execution time."""
-    return bool(stage.ranks) and all(r.basis == "span" and r.work_ms is not None and not r.comm_ms for r in stage.ranks)
-
-
 def shown_ms(stage: StageStats) -> float:
     """What a bar draws for a stage: its slowest rank by what the table judges (work where it judges by work),
     so an engine counts its execution, not the window that an engine and its frontend share."""
     return max(r.judged_ms for r in stage.ranks) if stage.judged_by == "work" and stage.ranks else stage.max_ms
 
 
-def pipeline_order(report: Report) -> dict[tuple[str, str], float]:
-    """Per (role, stage) label keys, where it first starts within its step, ms (median over steps): the order
-    the pipeline runs them in. From the timeline's spans; a stage they lack, from its files' name timestamps
-    (taken when a trace opens) against the first of that step. Stages without either are missing."""
-    offsets: dict[tuple[str, str], list[float]] = defaultdict(list)
-    if report.timeline_spans is not None:
-        for lane in report.timeline_spans.lanes:
-            step_start: dict[int, int] = {}
-            first: dict[tuple[str, str, int], int] = {}
-            for kind, role, stage, step, start, _, _ in lane.rows():
-                if kind == "step":
-                    step_start[step] = min(start, step_start.get(step, start))
-                elif kind == "stage":
-                    where = (label_key(role), label_key(stage), step)
-                    first[where] = min(start, first.get(where, start))
-            for (role_key, stage_key, step), start in first.items():
-                if step in step_start:
-                    offsets[role_key, stage_key].append((start - step_start[step]) / 1e6)
-    stamps: dict[tuple[int | None, str, str], int] = {}
-    for row in report.stages:
-        key = (label_key(row.role), label_key(row.stage))
-        if key in offsets:
-            continue
-        names = [naming.parse_trace_name(os.path.basename(f)) for r in row.ranks for f in r.files]
-        times = [n.timestamp_ns for n in names if n is not None]
-        if times:
-            stamps[(row.step, key[0], key[1])] = min(times)
-    step_first: dict[int | None, int] = {}
-    for (at, _, _), stamp in stamps.items():
-        step_first[at] = min(stamp, step_first.get(at, stamp))
-    for (at, role_key, stage_key), stamp in stamps.items():
-        offsets[role_key, stage_key].append((stamp - step_first[at]) / 1e6)
-    return {key: statistics.median(values) for key, values in offsets.items()}
+def pipeline_order(report: Report) -> dict[tuple[str, str], int]:
+    """Each (role, stage), by label keys, numbered by its first row in :attr:`Report.pipeline` (the order the
+    stages ran in): one order for the series that span steps."""
+    order: dict[tuple[str, str], int] = {}
+    for stage in report.pipeline:
+        order.setdefault((label_key(stage.role), label_key(stage.stage)), len(order))
+    return order
 
 
-def _order_key(order: dict[tuple[str, str], float], role: str, stage: str) -> tuple[float, str, str]:
-    return (order.get((label_key(role), label_key(stage)), math.inf), role, stage)
-
-
-def _in_order(stage: StageStats, order: dict[tuple[str, str], float]) -> tuple[int, float, str, str]:
-    """Rows by step (no step first), then in pipeline order (by name where it is unknown)."""
-    return (-1 if stage.step is None else stage.step, *_order_key(order, stage.role, stage.stage))
+def _order_key(order: dict[tuple[str, str], int], role: str, stage: str) -> tuple[int, str, str]:
+    return (order.get((label_key(role), label_key(stage)), len(order)), role, stage)
 
 
 def windows_label(windows: Iterable[tuple[int, int]], partial: bool = False) -> str:
@@ -151,7 +112,7 @@ def _series_name(role: str, stage: str, roles: int) -> str:
 
 
 def _heatmap_rows(
-    report: Report, judged: bool = False, order: dict[tuple[str, str], float] | None = None
+    report: Report, judged: bool = False, order: dict[tuple[str, str], int] | None = None
 ) -> tuple[list[str], list[StageStats], list[str], list[list[float]]]:
     """Row labels, each row's stage (one per step, or past :data:`_MAX_HEATMAP_ROWS` the first of each role x
     stage), column labels (ranks) and ms (NaN where a rank has no trace): wall time, or with ``judged`` what
@@ -163,7 +124,7 @@ def _heatmap_rows(
     columns = [labels[k] for k in sorted(labels)]
     index = {label: i for i, label in enumerate(columns)}
     order = pipeline_order(report) if order is None else order
-    ordered = sorted(report.stages, key=lambda s: _in_order(s, order))
+    ordered = report.pipeline
     roles = len(report.roles)
     rows: list[str] = []
     keys: list[StageStats] = []
@@ -209,8 +170,8 @@ _CHAR_IN = 0.07  # a character at 8 pt, in inches, generously (DejaVu Sans avera
 def _judged_words(stages: Iterable[StageStats]) -> tuple[bool, str]:
     """Whether some row is judged by work, and what work means for the rows shown (collectives, engines)."""
     listed = list(stages)
-    waits = any(s.judged_by == "work" and not is_engine(s) for s in listed)
-    engines = any(is_engine(s) for s in listed)
+    waits = any(s.judged_by == "work" and not s.engine_side for s in listed)
+    engines = any(s.engine_side for s in listed)
     parts = []
     if waits:
         parts.append("time outside CPU-side waits in collectives")
@@ -333,11 +294,11 @@ def _draw_heatmap(
 
 
 def _draw_breakdown(
-    ax: Any, report: Report, colors: dict[tuple[str, str], str], order: dict[tuple[str, str], float], width_in: float
+    ax: Any, report: Report, colors: dict[tuple[str, str], str], order: dict[tuple[str, str], int], width_in: float
 ) -> None:
     """(b) per step, the stages' times stacked in pipeline order from the bottom (each stage's slowest rank, by
     work where the table judges by work: an engine's execution, never its window twice), each in its colour."""
-    steps = sorted({s.step for s in report.stages}, key=lambda step: -1 if step is None else step)
+    steps = sorted({s.step for s in report.stages}, key=lambda step: (step is None, step or 0))  # as the pipeline
     series: dict[tuple[str, str], dict[int | None, float]] = {}
     rows: dict[tuple[str, str], list[StageStats]] = defaultdict(list)
     for stage in report.stages:
@@ -358,7 +319,7 @@ def _draw_breakdown(
         bottoms = [b + h for b, h in zip(bottoms, heights, strict=True)]
     ax.set_xticks(positions, [_step_label(s) for s in steps])
     ax.set_ylabel("ms" if len(report.ranks) <= 1 else "ms (slowest rank of each stage)")
-    engines = any(is_engine(s) for s in report.stages)
+    engines = any(s.engine_side for s in report.stages)
     what = "stage time (engines: execution time)" if engines else "stage wall time"
     ax.set_title(f"(b) per-step breakdown: {what}, stacked in pipeline order from the bottom", fontsize=10)
     if drawn:
