@@ -24,9 +24,12 @@ from __future__ import annotations
 import json
 import os
 import struct
-from collections.abc import Iterator
+import sys
+from array import array
+from bisect import bisect_right
+from collections.abc import Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, overload
 
 from instrument.naming import TIMELINE_STAGE, TIMELINE_SUFFIX
 
@@ -38,6 +41,8 @@ __all__ = [
     "TIMELINE_SUFFIX",
     "ClockEstimate",
     "Span",
+    "SpanColumns",
+    "SpanTable",
     "Timeline",
     "TimelineError",
     "encode_clock",
@@ -61,6 +66,7 @@ _SPAN = struct.Struct("<HHIqq")
 _CLOCK = struct.Struct("<qqH")
 SPAN_BYTES = 1 + _SPAN.size
 """Bytes one span takes on disk, its tag included."""
+_S = ord("S")
 
 
 class TimelineError(ValueError):
@@ -88,6 +94,170 @@ class Span:
         return self.end_ns - self.start_ns
 
 
+_U32 = "I"  # unsigned 32 bits on every platform CPython runs on (step numbers are u32)
+_SWAP = sys.byteorder != "little"  # the format is little-endian
+
+
+class SpanColumns(Sequence[Span]):
+    """One process's spans as columns: a :class:`Span` is made only when one is asked for.
+
+    At 4,096 ranks an analysis holds millions of spans: ~20 bytes each here, ~150 as objects. Span ``i`` is
+    ``names[name[i]]`` (kind, role, stage), ``step[i]``, ``start_ns[i]``, ``start_ns[i] + duration_ns[i]``
+    and ``thread[i]``, all at ``rank``. Compares equal to any sequence of the same spans."""
+
+    __slots__ = ("duration_ns", "name", "names", "rank", "start_ns", "step", "thread")
+
+    def __init__(
+        self,
+        rank: int,
+        names: Sequence[tuple[str, str, str]],
+        name: MutableSequence[int],
+        step: MutableSequence[int],
+        start_ns: MutableSequence[int],
+        duration_ns: MutableSequence[int],
+        thread: MutableSequence[int],
+    ) -> None:
+        if not len(name) == len(step) == len(start_ns) == len(duration_ns) == len(thread):
+            raise ValueError("span columns of different lengths")
+        self.rank = rank
+        self.names = names
+        self.name = name
+        self.step = step
+        self.start_ns = start_ns
+        self.duration_ns = duration_ns
+        self.thread = thread
+
+    @classmethod
+    def of(cls, spans: Iterable[Span], rank: int | None = None) -> SpanColumns:
+        """Spans of one rank packed as columns (``rank``: theirs, or the first one's; 0 for none)."""
+        listed = spans if isinstance(spans, (list, tuple)) else list(spans)
+        if rank is None:
+            rank = listed[0].rank if listed else 0
+        if any(s.rank != rank for s in listed):
+            raise ValueError(f"SpanColumns holds the spans of one rank ({rank})")
+        index: dict[tuple[str, str, str], int] = {}
+        values = (
+            [index.setdefault((s.kind, s.role, s.stage), len(index)) for s in listed],
+            [s.step for s in listed],
+            [s.start_ns for s in listed],
+            [s.end_ns - s.start_ns for s in listed],
+            [s.thread for s in listed],
+        )
+        try:  # compact when the values fit a machine word (they always do when read from a file)
+            columns: tuple[MutableSequence[int], ...] = tuple(array("q", v) for v in values)
+        except (OverflowError, TypeError):
+            columns = values
+        return cls(rank, tuple(index), *columns)
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    @overload
+    def __getitem__(self, index: int) -> Span: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Span, ...]: ...
+    def __getitem__(self, index: int | slice) -> Span | tuple[Span, ...]:
+        if isinstance(index, slice):
+            return tuple(self.span(i) for i in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("span index out of range")
+        return self.span(index)
+
+    def span(self, i: int, shift_ns: int = 0) -> Span:
+        """Span ``i``, moved by ``-shift_ns``."""
+        kind, role, stage = self.names[self.name[i]]
+        start = self.start_ns[i] - shift_ns
+        return Span(kind, role, stage, self.step[i], self.rank, start, start + self.duration_ns[i], self.thread[i])
+
+    def __iter__(self) -> Iterator[Span]:
+        return self.shifted(0)
+
+    def shifted(self, shift_ns: int) -> Iterator[Span]:
+        """Every span in order, moved by ``-shift_ns`` (one at a time: nothing is copied)."""
+        names, rank = self.names, self.rank
+        columns = (self.name, self.step, self.start_ns, self.duration_ns, self.thread)
+        for n, step, written, duration, thread in zip(*columns, strict=True):
+            kind, role, stage = names[n]
+            start = written - shift_ns
+            yield Span(kind, role, stage, step, rank, start, start + duration, thread)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # mutable columns
+
+    def __repr__(self) -> str:
+        return f"SpanColumns(rank={self.rank}, {len(self)} spans)"
+
+
+class SpanTable(Sequence[Span]):
+    """Spans of many processes as columns, each part moved by its own shift (ns) when a span is made.
+
+    ``parts`` is ``(columns, shift_ns)`` per process, in order; iterating gives every part's spans in turn,
+    each at ``start - shift``. Putting a process on another clock is a shift here, never a copy."""
+
+    __slots__ = ("_ends", "parts")
+
+    def __init__(self, parts: Iterable[tuple[SpanColumns, int]] = ()) -> None:
+        self.parts: tuple[tuple[SpanColumns, int], ...] = tuple(parts)
+        ends, total = [], 0
+        for columns, _ in self.parts:
+            total += len(columns)
+            ends.append(total)
+        self._ends = ends
+
+    @classmethod
+    def of(cls, spans: Iterable[Span]) -> SpanTable:
+        """Any spans, packed as one part per rank (a rank's spans keep their order)."""
+        if isinstance(spans, SpanTable):
+            return spans
+        if isinstance(spans, SpanColumns):
+            return cls([(spans, 0)])
+        by_rank: dict[int, list[Span]] = {}
+        for span in spans:
+            group = by_rank.get(span.rank)
+            if group is None:
+                by_rank[span.rank] = group = []
+            group.append(span)
+        return cls((SpanColumns.of(group, rank), 0) for rank, group in by_rank.items())
+
+    def __len__(self) -> int:
+        return self._ends[-1] if self._ends else 0
+
+    @overload
+    def __getitem__(self, index: int) -> Span: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[Span, ...]: ...
+    def __getitem__(self, index: int | slice) -> Span | tuple[Span, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("span index out of range")
+        part = bisect_right(self._ends, index)
+        columns, shift = self.parts[part]
+        return columns.span(index - (self._ends[part - 1] if part else 0), shift)
+
+    def __iter__(self) -> Iterator[Span]:
+        for columns, shift in self.parts:
+            yield from columns.shifted(shift)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"SpanTable({len(self.parts)} parts, {len(self)} spans)"
+
+
 @dataclass(frozen=True)
 class ClockEstimate:
     """This process's clock minus the reference clock, and how far off that may be (both ns)."""
@@ -109,10 +279,15 @@ class Timeline:
     pid: int
     mono_origin_ns: int
     wall_origin_ns: int
-    spans: tuple[Span, ...]
+    spans: Sequence[Span]  # read from a file: SpanColumns; Span values of its rank given are packed as them
     clocks: tuple[ClockEstimate, ...] = ()
     torn: bool = False
     threads: dict[int, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        spans = self.spans
+        if not isinstance(spans, SpanColumns) and all(s.rank == self.rank for s in spans):
+            object.__setattr__(self, "spans", SpanColumns.of(spans, self.rank))
 
     @property
     def clock(self) -> ClockEstimate | None:
@@ -188,8 +363,8 @@ class _TornError(Exception):
     """The data ends inside a record: a writer stopped mid-write."""
 
 
-def _records(data: bytes, offset: int, path: str) -> Iterator[tuple[bytes, tuple[Any, ...]]]:
-    size = len(data)
+def _record(data: bytes, offset: int, size: int, path: str) -> tuple[bytes, tuple[Any, ...], int]:
+    """The record at ``offset`` that is not a span: its tag, its values and where the next one starts."""
 
     def take(fmt: struct.Struct, at: int) -> tuple[Any, ...]:
         if at + fmt.size > size:
@@ -201,36 +376,70 @@ def _records(data: bytes, offset: int, path: str) -> Iterator[tuple[bytes, tuple
             raise _TornError
         return data[at : at + length].decode("utf-8", errors="replace")
 
-    while offset < size:
-        tag = data[offset : offset + 1]
-        at = offset + 1
-        if tag == b"S":
-            yield tag, take(_SPAN, at)
-            offset = at + _SPAN.size
-        elif tag == b"N":
-            name_id, kind, role_len = take(_NAME, at)
-            at += _NAME.size
-            role = text(at, role_len)
-            (stage_len,) = take(_LEN, at + role_len)
-            stage = text(at + role_len + _LEN.size, stage_len)
-            if kind >= len(KINDS):
-                raise TimelineError(f"{path}: unknown span kind {kind} at byte {offset}")
-            yield tag, (name_id, KINDS[kind], role, stage)
-            offset = at + role_len + _LEN.size + stage_len
-        elif tag == b"T":
-            yield tag, take(_THREAD, at)
-            offset = at + _THREAD.size
-        elif tag == b"C":
-            offset_ns, uncertainty_ns, length = take(_CLOCK, at)
-            yield tag, (offset_ns, uncertainty_ns, text(at + _CLOCK.size, length))
-            offset = at + _CLOCK.size + length
-        else:
-            raise TimelineError(f"{path}: unknown record {tag!r} at byte {offset}: not written by this format")
+    tag = data[offset : offset + 1]
+    at = offset + 1
+    if tag == b"N":
+        name_id, kind, role_len = take(_NAME, at)
+        at += _NAME.size
+        role = text(at, role_len)
+        (stage_len,) = take(_LEN, at + role_len)
+        stage = text(at + role_len + _LEN.size, stage_len)
+        if kind >= len(KINDS):
+            raise TimelineError(f"{path}: unknown span kind {kind} at byte {offset}")
+        return tag, (name_id, KINDS[kind], role, stage), at + role_len + _LEN.size + stage_len
+    if tag == b"T":
+        return tag, take(_THREAD, at), at + _THREAD.size
+    if tag == b"C":
+        offset_ns, uncertainty_ns, length = take(_CLOCK, at)
+        return tag, (offset_ns, uncertainty_ns, text(at + _CLOCK.size, length)), at + _CLOCK.size + length
+    raise TimelineError(f"{path}: unknown record {tag!r} at byte {offset}: not written by this format")
+
+
+# Offsets into a span record, tag first; they follow _SPAN ("<HHIqq"): name, step, start, duration, thread.
+_FIELDS = ((1, 2, "H"), (5, 4, _U32), (9, 8, "q"), (17, 8, "q"), (3, 2, "H"))
+
+
+def _span_run(data: bytes, at: int, size: int) -> int:
+    """How many whole span records follow one another from byte ``at`` (its tag is ``S``)."""
+    whole = (size - at) // SPAN_BYTES
+    tags = data[at : at + whole * SPAN_BYTES : SPAN_BYTES]
+    return whole - len(tags.lstrip(b"S"))
+
+
+def _columns(data: bytes, at: int, count: int) -> list[array[int]]:
+    """The columns of ``count`` span records from byte ``at``: each field's bytes gathered by strided copies
+    (no Python loop per record: the reader's cost is a few copies per run of records)."""
+    chunk = data[at : at + count * SPAN_BYTES]
+    out = []
+    for offset, width, code in _FIELDS:
+        gathered = bytearray(count * width)
+        for byte in range(width):
+            gathered[byte::width] = chunk[offset + byte :: SPAN_BYTES]
+        column = array(code)
+        column.frombytes(gathered)
+        if _SWAP:
+            column.byteswap()
+        out.append(column)
+    return out
+
+
+def _name_entries(ids: array[int], slot: dict[int, int], columns: list[array[int]], path: str) -> array[int]:
+    """A run's name ids as entries of the name table (the same numbers unless an id was redefined)."""
+    if all(slot.get(i) == i for i in set(ids)):
+        return ids if ids.typecode == columns[0].typecode else array(columns[0].typecode, ids)
+    for i in ids:
+        if i not in slot:
+            raise TimelineError(f"{path}: a span refers to name {i}, never defined")
+    entries = [slot[i] for i in ids]
+    if max(entries) > 0xFFFF and columns[0].typecode == "H":  # more than 65,536 definitions: wider entries
+        columns[0] = array(_U32, columns[0])
+    return array(columns[0].typecode, entries)
 
 
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     """Read a timeline file; a torn tail is read up to its last complete record (``torn`` is then true).
 
+    Spans are read as columns (:class:`SpanColumns`), never one object per record.
     Raises :class:`TimelineError` for a file that is not a timeline or holds a record of no known kind,
     ``OSError`` when it cannot be read.
     """
@@ -238,27 +447,37 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     with open(path, "rb") as handle:
         data = handle.read()
     header, offset = _header(data, shown)
-    rank = header["rank"]
-    names: dict[int, tuple[str, str, str]] = {}
+    names: list[tuple[str, str, str]] = []  # the table the name column indexes
+    slot: dict[int, int] = {}  # the file's name id -> its entry in names (the id itself, as the writer numbers)
     threads: dict[int, int] = {}
-    spans: list[Span] = []
+    columns: list[array[int]] = [array(code) for _, _, code in _FIELDS]
     clocks: list[ClockEstimate] = []
     torn = False
+    size = len(data)
     try:
-        for tag, values in _records(data, offset, shown):
-            if tag == b"S":
-                name_id, thread, step, start_ns, duration_ns = values
-                name = names.get(name_id)
-                if name is None:
-                    raise TimelineError(f"{shown}: a span refers to name {name_id}, never defined")
-                spans.append(Span(*name, step=step, rank=rank, start_ns=start_ns, end_ns=start_ns + duration_ns,
-                                  thread=thread))  # fmt: skip
-            elif tag == b"N":
-                names[values[0]] = values[1:]
+        while offset < size:
+            if data[offset] == _S:
+                count = _span_run(data, offset, size)
+                if not count:
+                    raise _TornError
+                run = _columns(data, offset, count)
+                run[0] = _name_entries(run[0], slot, columns, shown)
+                for column, part in zip(columns, run, strict=True):
+                    column.extend(part)
+                offset += count * SPAN_BYTES
+                continue
+            tag, values, offset = _record(data, offset, size, shown)
+            if tag == b"N":
+                known = slot.get(values[0])
+                if known is None or names[known] != values[1:]:
+                    slot[values[0]] = len(names)
+                    names.append(values[1:])
             elif tag == b"T":
                 threads[values[0]] = values[1]
             else:
                 clocks.append(ClockEstimate(*values))
     except _TornError:
         torn = True
-    return Timeline(path=shown, spans=tuple(spans), clocks=tuple(clocks), torn=torn, threads=threads, **header)
+    name, step, start, duration, thread = columns
+    spans = SpanColumns(header["rank"], tuple(names), name, step, start, duration, thread)
+    return Timeline(path=shown, spans=spans, clocks=tuple(clocks), torn=torn, threads=threads, **header)

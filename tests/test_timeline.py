@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,10 @@ from instrument.timeline import (
     KINDS,
     MAGIC,
     SPAN_BYTES,
+    Span,
+    SpanColumns,
+    SpanTable,
+    Timeline,
     TimelineError,
     encode_clock,
     encode_header,
@@ -127,3 +132,77 @@ def test_a_foreign_or_broken_file_is_named(tmp_path: Path, content: bytes, words
     with pytest.raises(TimelineError, match=words) as caught:
         read_timeline(path)
     assert str(path) in str(caught.value)
+
+
+# --------------------------------------------------------------------------- spans as columns
+
+span_values = st.builds(
+    Span,
+    st.sampled_from([*KINDS, "mystery"]),
+    st.sampled_from(["actor", "rollout"]),
+    st.sampled_from(["", "generate", "update_actor"]),
+    st.integers(0, 2**32 - 1),
+    st.integers(0, 3),  # rank
+    st.integers(-(2**40), 2**40),
+    st.integers(-(2**40), 2**40),
+    st.integers(0, 3),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(span_values, max_size=30), st.lists(st.integers(-(2**40), 2**40), min_size=4, max_size=4))
+def test_a_span_table_gives_back_its_spans_shifted_in_order(values: list[Span], shifts: list[int]) -> None:
+    table = SpanTable.of(values)
+    assert len(table) == len(values)
+    for rank in range(4):  # one part per rank, a rank's spans in their order
+        assert [s for s in table if s.rank == rank] == [s for s in values if s.rank == rank]
+    assert sorted(table) == sorted(values) and tuple(table) == table[:] and table == list(table)
+    moved = SpanTable((columns, shifts[columns.rank]) for columns, _ in table.parts)
+    expected = [replace(s, start_ns=s.start_ns - shifts[s.rank], end_ns=s.end_ns - shifts[s.rank]) for s in table]
+    assert list(moved) == expected
+    assert [moved[i] for i in range(-len(moved), len(moved))] == expected + expected
+    with pytest.raises(IndexError):
+        moved[len(moved)]
+
+
+def test_span_columns_hold_one_rank_and_take_any_int() -> None:
+    huge = Span("stage", "actor", "x", 2**70, 5, -(2**80), 2**80)  # not a machine word: kept in lists
+    columns = SpanColumns.of([huge, Span("step", "actor", "", 1, 5, 0, 9)])
+    assert list(columns) == [huge, Span("step", "actor", "", 1, 5, 0, 9)] and columns.rank == 5
+    with pytest.raises(ValueError, match="one rank"):
+        SpanColumns.of([huge, replace(huge, rank=6)])
+    assert SpanColumns.of([]).rank == 0 and list(SpanColumns.of([])) == []
+
+
+def test_a_timeline_given_span_values_holds_them_as_columns(tmp_path: Path) -> None:
+    spans = (Span("step", "actor", "", 1, 3, 10, 20), Span("stage", "actor", "update", 1, 3, 11, 19, 1))
+    made = Timeline(path="p", role="actor", rank=3, world_size=8, host="h", pid=1, mono_origin_ns=0,
+                    wall_origin_ns=0, spans=spans)  # fmt: skip
+    assert isinstance(made.spans, SpanColumns) and made.spans == spans
+
+
+def test_a_redefined_or_sparse_name_id_names_the_spans_after_it(tmp_path: Path) -> None:
+    path = tmp_path / "r.timeline.bin"
+    data = HEADER + encode_name(7, "stage", "actor", "a") + encode_thread(0, 99)
+    data += encode_span(7, 0, 1, 0, 5) + encode_span(7, 0, 1, 5, 6)
+    data += encode_name(7, "stage", "actor", "b") + encode_span(7, 0, 2, 6, 9)
+    path.write_bytes(data)
+    timeline = read_timeline(path)
+    assert [(s.stage, s.step, s.start_ns, s.end_ns) for s in timeline.spans] == [
+        ("a", 1, 0, 5),
+        ("a", 1, 5, 6),
+        ("b", 2, 6, 9),
+    ]
+    assert isinstance(timeline.spans, SpanColumns) and not timeline.torn
+
+
+def test_thousands_of_spans_are_read_in_runs(tmp_path: Path) -> None:
+    records = [("stage", "actor", f"s{i % 3}", i // 7, 1000 * i, i % 50, 1 + i % 2) for i in range(5000)]
+    path = tmp_path / "many.timeline.bin"
+    whole = _file(records)
+    path.write_bytes(whole[:-3])  # the last span torn
+    timeline = read_timeline(path)
+    got = [
+        (s.kind, s.role, s.stage, s.step, s.start_ns, s.duration_ns, timeline.threads[s.thread]) for s in timeline.spans
+    ]
+    assert got == records[:-1] and timeline.torn

@@ -10,6 +10,7 @@ import json
 import random
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +25,9 @@ from instrument.analyze.analyzers._timeline import (
     WAIT_TOLERANCE_NS,
     analyze_timeline,
 )
-from instrument.timeline import Span
+from instrument.analyze.traces._timelines import align, find_timelines
+from instrument.naming import TIMELINE_SUFFIX
+from instrument.timeline import Span, SpanTable, encode_clock, encode_header, encode_name, encode_span, encode_thread
 
 MS = 1_000_000
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -443,3 +446,64 @@ def test_unaligned_has_no_waits_and_no_path(spans: list[Span]) -> None:
             (r.rank, r.busy_ms, r.idle_ms) for r in same.ranks
         ]
         assert timeline.wall_ms <= same.wall_ms + 1e-9
+
+
+# --------------------------------------------------------------------------- columns, files and clocks
+
+
+def write_timelines(directory: Path, spans: list[Span], offsets: dict[int, int]) -> None:
+    """One timeline file per rank as the run writes them, rank r on host ``node{r}`` whose clock is
+    ``offsets[r]`` ahead of rank 0's (and says so in a clock estimate)."""
+    for rank in sorted({s.rank for s in spans}):
+        own = [s for s in spans if s.rank == rank]
+        role = next((s.role for s in own if s.kind == "step"), own[0].role)
+        data = bytearray(
+            encode_header(role=role, rank=rank, world_size=9, host=f"node{rank}", pid=rank, mono_ns=0, wall_ns=0)
+        )
+        if rank:
+            data += encode_clock(offsets[rank], 1_000, "barrier")
+        names: dict[tuple[str, str, str], int] = {}
+        for s in own:
+            key = (s.kind, s.role, s.stage)
+            if key not in names:
+                names[key] = len(names)
+                data += encode_name(names[key], *key)
+            data += encode_thread(s.thread, 1000 + s.thread)  # defined again before each span: read the same
+            data += encode_span(names[key], s.thread, s.step, s.start_ns + offsets[rank], s.end_ns + offsets[rank])
+        (directory / f"r{rank}{TIMELINE_SUFFIX}").write_bytes(bytes(data))
+
+
+@PROPERTY
+@given(spans=layouts(), offsets=st.lists(st.integers(-(10**12), 10**12), min_size=9, max_size=9), aligned=st.booleans())
+def test_files_read_and_aligned_give_the_report_of_the_span_values(
+    tmp_path_factory: pytest.TempPathFactory, spans: list[Span], offsets: list[int], aligned: bool
+) -> None:
+    shift = dict(enumerate(offsets)) | {0: 0}
+    directory = tmp_path_factory.mktemp("t")
+    write_timelines(directory, spans, shift)
+    timelines, skipped = find_timelines(directory)
+    assert skipped == []
+    on_axis = align(timelines)
+    assert on_axis.aligned and len(on_axis.spans) == sum(len(t.spans) for t in timelines) == len(spans)
+    for rank in shift:  # each file's spans in its order, put back on rank 0's clock
+        assert [s for s in on_axis.spans if s.rank == rank] == [s for s in spans if s.rank == rank]
+    expected = analyze_timeline(spans, aligned=aligned, clock_uncertainty_ns=1_000)
+    assert analyze_timeline(on_axis.spans, aligned=aligned, clock_uncertainty_ns=1_000) == expected
+    assert analyze_timeline(SpanTable.of(spans), aligned=aligned, clock_uncertainty_ns=1_000) == expected
+    assert analyze_timeline(iter(spans), aligned=aligned, clock_uncertainty_ns=1_000) == expected
+
+
+def test_a_host_without_a_clock_estimate_is_not_aligned_and_keeps_its_own_clock(tmp_path: Path) -> None:
+    spans = disaggregated(steps=2)
+    write_timelines(tmp_path, spans, dict.fromkeys(range(8), 0))
+    (tmp_path / f"r9{TIMELINE_SUFFIX}").write_bytes(
+        encode_header(role="ref", rank=9, world_size=9, host="far", pid=9, mono_ns=0, wall_ns=0)
+        + encode_name(0, "step", "ref", "")
+        + encode_span(0, 0, 1, 5 * 10**15, 5 * 10**15 + 800 * MS)
+    )
+    timelines, _ = find_timelines(tmp_path)
+    on_axis = align(timelines)
+    assert not on_axis.aligned and on_axis.max_uncertainty_ns is None
+    assert on_axis.spans[-1] == Span("step", "ref", "", 1, 9, 5 * 10**15, 5 * 10**15 + 800 * MS)
+    report = analyze_timeline(on_axis.spans, aligned=on_axis.aligned)
+    assert report.steps[0].wall_ms == pytest.approx(800) and report.clock.note == UNALIGNED_NOTE

@@ -1,8 +1,10 @@
 """Where a step's time goes across roles: busy and idle per rank, who waited for whom, the critical path,
 consistent stragglers and the findings in words (pure: the standard library and instrument.timeline).
 
-Input: :class:`~instrument.timeline.Span` values on one clock (the caller aligns the clocks of different hosts, says how
-well: ``clock_uncertainty_ns``). Output: a :class:`TimelineReport` whose :meth:`~TimelineReport.to_json`
+Input: spans on one clock (the caller aligns the clocks of different hosts, says how well:
+``clock_uncertainty_ns``): a :class:`~instrument.timeline.SpanTable` of columns (what
+:func:`~instrument.analyze.traces._timelines.align` gives), or any :class:`~instrument.timeline.Span` values,
+packed into one first. Output: a :class:`TimelineReport` whose :meth:`~TimelineReport.to_json`
 is the ``timeline`` / ``findings`` contract of ``instrument analyze --json``.
 
 Semantics (where the issue is silent, the choice is marked *chosen*):
@@ -56,7 +58,8 @@ Semantics (where the issue is silent, the choice is marked *chosen*):
 JSON: the contract's keys, plus ``clock.note``, ``skipped_spans``, each step's ``generation_ms`` /
 ``generation_pct``, each role's ``waited_for`` and a bubble's ``waiting_for``; milliseconds rounded to µs.
 Cost: linear in the spans but for a sort per lane and per role (no rank is compared with every other:
-"what ended as this rank resumed" is a bisection in the step's stage ends, by role).
+"what ended as this rank resumed" is a bisection in the step's stage ends, by role). Memory: the spans stay
+columns; one step's worth of them is made into objects at a time (index runs by step find them).
 
 One module of ~730 lines, on purpose: the step analysis, the judgement across steps and the words share
 private index types (lanes, the per-role end index); the result values are in :mod:`instrument.analyze._model`,
@@ -67,10 +70,12 @@ from __future__ import annotations
 
 import gc
 import statistics
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from instrument.analyze._model import (
     ClockInfo,
@@ -81,7 +86,7 @@ from instrument.analyze._model import (
     TimelineReport,
     TimeShare,
 )
-from instrument.timeline import Span
+from instrument.timeline import Span, SpanColumns, SpanTable
 
 __all__ = [
     "BUBBLE_MIN_SHARE",
@@ -128,10 +133,27 @@ _TIMES = "\u00d7"
 _DASH = "\u2013"
 
 _Key = tuple[str, int]  # a lane: (role, rank)
-_Top = tuple[int, int, "Span"]  # a top-level stage, clipped to its lane: (start, end, span)
+
+
+class _Row(NamedTuple):
+    """A stage span while its step is analysed: :class:`Span`'s fields in its order, so it sorts as a Span
+    does; a tuple, as it is made for every stage of every step."""
+
+    kind: str
+    role: str
+    stage: str
+    step: int
+    rank: int
+    start_ns: int
+    end_ns: int
+    thread: int
+
+
+_Top = tuple[int, int, _Row]  # a top-level stage, clipped to its lane: (start, end, span)
 # A stage in the per-role index, sorted so that the one preferred on a tie comes last:
 # (end, -lane index, -start, -thread, start, lane index, span).
-_Ended = tuple[int, int, int, int, int, int, "Span"]
+_Ended = tuple[int, int, int, int, int, int, _Row]
+_new_row = tuple.__new__  # a _Row without the keyword handling of its constructor
 _FAR = 1 << 62  # later than any clock (ns)
 
 
@@ -170,7 +192,7 @@ class _Step:
         self,
         step: int,
         step_spans: dict[_Key, list[int]],
-        stage_spans: list[Span],
+        stage_spans: list[_Row],
         aligned: bool,
         uncertainty: int,
         tolerance: int,
@@ -204,8 +226,8 @@ class _Step:
             self.ends_by_role[role] = [e[0] for e in entries]
 
     @staticmethod
-    def _assign(step_spans: dict[_Key, list[int]], stage_spans: list[Span]) -> dict[_Key, list[Span]]:
-        members: dict[_Key, list[Span]] = {key: [] for key in step_spans}
+    def _assign(step_spans: dict[_Key, list[int]], stage_spans: list[_Row]) -> dict[_Key, list[_Row]]:
+        members: dict[_Key, list[_Row]] = {key: [] for key in step_spans}
         owners: dict[int, list[_Key]] = defaultdict(list)
         for key in step_spans:
             owners[key[1]].append(key)
@@ -221,7 +243,7 @@ class _Step:
             group.append(span)
         return members
 
-    def _index_lane(self, lane: _Lane, spans: list[Span], role_index: list[_Ended] | None) -> list[_Top]:
+    def _index_lane(self, lane: _Lane, spans: list[_Row], role_index: list[_Ended] | None) -> list[_Top]:
         start, end = lane.start, lane.end
         clipped = []
         for s in spans:
@@ -230,7 +252,7 @@ class _Step:
             if b > a:
                 clipped.append((a, -b, s.thread, s.role, s.stage, s))
         # By start, the longer first: a span that ends within the reach of those before it is nested.
-        clipped.sort()  # equal up to the span: equal spans (Span orders by its fields)
+        clipped.sort()  # equal up to the span: equal spans (a _Row orders by its fields, as a Span)
         top: list[_Top] = []
         runs: dict[tuple[str, str], list[int]] = {}  # (role, stage) -> [run start, run end, total before]
         gen_run: list[int] | None = None
@@ -478,50 +500,88 @@ def _judge_peers(step: int, wall_ns: int, lanes: list[_Lane], peering: dict[tupl
 
 
 def analyze_timeline(
-    spans: Iterable[Span],
+    spans: SpanTable | SpanColumns | Iterable[Span],
     *,
     aligned: bool,
     clock_uncertainty_ns: int = 0,
     wait_tolerance_ns: int = WAIT_TOLERANCE_NS,
 ) -> TimelineReport:
-    """Every step of ``spans`` (any order), and the findings across them (see the module docstring)."""
+    """Every step of ``spans`` (any order; columns or Span values), and the findings across them (see the
+    module docstring)."""
     if clock_uncertainty_ns < 0 or wait_tolerance_ns < 0:
         raise ValueError(f"uncertainty and tolerance must be >= 0 (got {clock_uncertainty_ns}, {wait_tolerance_ns})")
     # The analysis makes millions of small tuples that live for one step and form no cycle; each pass of the
-    # cyclic collector they trigger would rescan the caller's millions of spans (a third of the time at 4M).
+    # cyclic collector they trigger would rescan every object alive (the report's rows, a caller's spans).
     paused = gc.isenabled()
     gc.disable()
     try:
-        return _analyze(spans, aligned, clock_uncertainty_ns, wait_tolerance_ns)
+        return _analyze(SpanTable.of(spans), aligned, clock_uncertainty_ns, wait_tolerance_ns)
     finally:
         if paused:
             gc.enable()
 
 
-def _analyze(spans: Iterable[Span], aligned: bool, clock_uncertainty_ns: int, wait_tolerance_ns: int) -> TimelineReport:
-    step_spans: dict[int, dict[_Key, list[int]]] = defaultdict(dict)
-    stage_spans: dict[int, list[Span]] = defaultdict(list)
+def _step_runs(table: SpanTable) -> dict[int, array[int]]:
+    """Where each step's spans lie: step -> (part, first, past the last) index triples, flattened.
+
+    A timeline file holds its spans step after step, so a part has about one run per step."""
+    runs: dict[int, array[int]] = {}
+    for part, (columns, _) in enumerate(table.parts):
+        steps = columns.step
+        first, current = 0, None
+        for i, step in enumerate(steps):
+            if step != current:
+                if i:
+                    runs.setdefault(current, array("q")).extend((part, first, i))  # type: ignore[arg-type]
+                first, current = i, step
+        if len(steps):
+            runs.setdefault(current, array("q")).extend((part, first, len(steps)))  # type: ignore[arg-type]
+    return runs
+
+
+def _step_spans(table: SpanTable, runs: array[int], step: int) -> tuple[dict[_Key, list[int]], list[_Row], int]:
+    """One step's step windows by lane and its stage spans (shifted onto the axis), and how many were bad."""
+    windows: dict[_Key, list[int]] = {}
+    stages: list[_Row] = []
     skipped = 0
-    for span in spans:
-        if span.end_ns < span.start_ns:
-            skipped += 1
-        elif span.kind == "stage":
-            stage_spans[span.step].append(span)
-        elif span.kind == "step":
-            window = step_spans[span.step].get((span.role, span.rank))
-            if window is None:
-                step_spans[span.step][(span.role, span.rank)] = [span.start_ns, span.end_ns]
-            else:  # the same process twice in one step (a retried step): its whole extent
-                window[0], window[1] = min(window[0], span.start_ns), max(window[1], span.end_ns)
-        elif span.kind != "window":
-            skipped += 1
+    for k in range(0, len(runs), 3):
+        columns, shift = table.parts[runs[k]]
+        lo, hi = runs[k + 1], runs[k + 2]
+        names, rank = columns.names, columns.rank
+        sliced = (columns.name[lo:hi], columns.start_ns[lo:hi], columns.duration_ns[lo:hi], columns.thread[lo:hi])
+        for n, written, duration, thread in zip(*sliced, strict=True):
+            if duration < 0:
+                skipped += 1
+                continue
+            kind, role, stage = names[n]
+            start = written - shift
+            if kind == "stage":
+                stages.append(_new_row(_Row, (kind, role, stage, step, rank, start, start + duration, thread)))
+            elif kind == "step":
+                window = windows.get((role, rank))
+                if window is None:
+                    windows[(role, rank)] = [start, start + duration]
+                else:  # the same process twice in one step (a retried step): its whole extent
+                    window[0], window[1] = min(window[0], start), max(window[1], start + duration)
+            elif kind != "window":
+                skipped += 1
+    return windows, stages, skipped
+
+
+def _analyze(table: SpanTable, aligned: bool, clock_uncertainty_ns: int, wait_tolerance_ns: int) -> TimelineReport:
+    runs = _step_runs(table)
+    skipped = 0
     unc = clock_uncertainty_ns if aligned else 0
     timelines: list[StepTimeline] = []
     stage_times: list[dict[tuple[str, str], int]] = []
     peering: dict[tuple[str, str, _Key], _Peering] = {}
     worked: set[str] = set()  # roles that ran a stage: a driver that only holds the step open has no bubble
-    for step in sorted(set(step_spans) | set(stage_spans)):
-        analysis = _Step(step, step_spans.get(step, {}), stage_spans.get(step, []), aligned, unc, wait_tolerance_ns)
+    for step in sorted(runs):
+        windows, stages, bad = _step_spans(table, runs.pop(step), step)  # one step's objects at a time
+        skipped += bad
+        if not windows and not stages:
+            continue  # only windows or bad spans: no step to analyse
+        analysis = _Step(step, windows, stages, aligned, unc, wait_tolerance_ns)
         timeline = analysis.result()
         timelines.append(timeline)
         stage_times.append(analysis.stage_time())

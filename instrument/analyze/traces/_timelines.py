@@ -11,20 +11,23 @@ then keeps to durations, as it does for traces.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from instrument.analyze._model import Skipped
 from instrument.naming import TIMELINE_SUFFIX
-from instrument.timeline import Span, Timeline, TimelineError, read_timeline
+from instrument.timeline import SpanColumns, SpanTable, Timeline, TimelineError, read_timeline
 
 __all__ = ["AlignedSpans", "align", "find_timelines"]
 
 
 @dataclass(frozen=True)
 class AlignedSpans:
-    """The spans of every timeline on one axis (ns), or on their own clocks when ``aligned`` is false."""
+    """The spans of every timeline on one axis (ns), or on their own clocks when ``aligned`` is false.
 
-    spans: tuple[Span, ...]
+    ``spans`` holds each timeline's columns, in the order of ``timelines``, with the shift that puts it on
+    the axis: a :class:`~instrument.timeline.Span` is made, shifted, only as one is read."""
+
+    spans: SpanTable
     aligned: bool
     max_uncertainty_ns: int | None
     timelines: tuple[Timeline, ...]
@@ -59,13 +62,15 @@ def find_timelines(root: str | os.PathLike[str]) -> tuple[list[Timeline], list[S
 
 
 def align(timelines: list[Timeline]) -> AlignedSpans:
-    """Put every span on the reference host's clock; ``aligned`` false when some host has no estimate."""
+    """Put every span on the reference host's clock; ``aligned`` false when some host has no estimate.
+
+    Nothing is copied: each timeline's columns get the shift (its clock estimate's offset) applied as read."""
     if not timelines:
-        return AlignedSpans((), aligned=False, max_uncertainty_ns=None, timelines=())
+        return AlignedSpans(SpanTable(), aligned=False, max_uncertainty_ns=None, timelines=())
     reference = min(timelines, key=lambda t: (t.rank, t.pid)).host
     aligned = True
     uncertainty = 0
-    shifted: list[Span] = []
+    parts = []
     for timeline in timelines:
         estimate = timeline.clock
         if timeline.host == reference:
@@ -75,10 +80,14 @@ def align(timelines: list[Timeline]) -> AlignedSpans:
             uncertainty = max(uncertainty, estimate.uncertainty_ns)
         else:
             offset, aligned = 0, False
-        shifted.extend(
-            span if not offset else replace(span, start_ns=span.start_ns - offset, end_ns=span.end_ns - offset)
-            for span in timeline.spans
-        )
+        spans = timeline.spans
+        if isinstance(spans, SpanColumns):
+            parts.append((spans, offset))
+        else:  # a Timeline made of Span values of several ranks: packed here, a part per rank
+            parts.extend((columns, offset) for columns, _ in SpanTable.of(spans).parts)
     return AlignedSpans(
-        tuple(shifted), aligned=aligned, max_uncertainty_ns=uncertainty if aligned else None, timelines=tuple(timelines)
+        SpanTable(parts),
+        aligned=aligned,
+        max_uncertainty_ns=uncertainty if aligned else None,
+        timelines=tuple(timelines),
     )
