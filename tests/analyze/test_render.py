@@ -60,8 +60,8 @@ def test_one_rank_is_singular_and_has_no_straggler_columns(one_rank: Report) -> 
     assert "1 step," in text and "1 steps" not in text
     assert "slowest: the straggler rank" not in text  # no column to explain
     row = _row(one_rank, "generate_sequences")
-    assert (row["ranks"], row["slowest"], row["max/med"]) == ("1", "-", "-")
-    assert (row["median ms"], row["max ms"]) == ("15.0", "15.0")
+    assert "slowest" not in row and "max/med" not in row  # columns of "-" only take room
+    assert (row["ranks"], row["median ms"], row["max ms"]) == ("1", "15.0", "15.0")
 
 
 def test_plural_words() -> None:
@@ -73,7 +73,7 @@ def test_plural_words() -> None:
 def test_rows_without_mini_batches_show_a_dash(one_host: Report) -> None:
     assert _row(one_host, "compute_log_prob")["mini-batch ms"] == "-"
     assert _row(one_host, "update_actor")["mini-batch ms"] == "8.00"
-    assert _row(one_host, "compute_log_prob")["gpu ms"] == "-"  # no kernels: no figure either
+    assert "gpu ms" not in tables.headers(one_host)  # no kernels anywhere: no column of "-"
     assert all("0.00" not in cell for row in tables.table_rows(one_host) for cell in row)
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from instrument import naming
+from instrument import manifest, naming
 from instrument.analyze._intervals import IntRanges
 from instrument.analyze._model import MemoryFile, label_key
 from instrument.analyze.traces import _safe_io
@@ -99,7 +99,10 @@ def find_memory_files(
     steps: Iterable[int] | None = None,
     stages: Iterable[str] | None = None,
 ) -> list[MemoryFile]:
-    """The memory files of ``directory`` named by the SDK, filtered like the traces, sorted by name."""
+    """The memory files of ``directory`` named by the SDK, filtered like the traces, sorted by name.
+
+    Role and stage are as the run's manifests give them, the names the user wrote (``update_actor``); a file
+    no manifest lists keeps its name's label form (``update-actor``)."""
     rank_set = None if ranks is None else IntRanges.of(ranks)  # intervals: a wide --ranks is never expanded
     step_set = None if steps is None else IntRanges.of(steps)
     stage_set = None if stages is None else frozenset(stages)
@@ -109,6 +112,7 @@ def find_memory_files(
         names = sorted(
             e.name for e in listing if not e.name.startswith(".") and e.name.endswith((_SNAPSHOT, _TIMELINE))
         )
+    written = _written_names(directory) if names else {}
     for name in names:
         parsed = parse_trace_name(name)
         path = str(Path(directory) / name)
@@ -136,7 +140,16 @@ def find_memory_files(
             else:
                 budget -= size if readable else 0
                 peak, note = _read_peak(path, size)
-        found.append(
-            MemoryFile(path, kind, parsed.role, stage, parsed.step, parsed.rank, parsed.window, size, peak, note)
-        )
+        role, stage = written.get(name, (parsed.role, stage))
+        found.append(MemoryFile(path, kind, role, stage, parsed.step, parsed.rank, parsed.window, size, peak, note))
     return found
+
+
+def _written_names(directory: str | os.PathLike[str]) -> dict[str, tuple[str, str]]:
+    """File name -> (role, stage) as the manifests record them (an OOM snapshot's stage without its prefix)."""
+    out: dict[str, tuple[str, str]] = {}
+    for record in manifest.read_manifests(directory):  # a bad line is the traces' reading's to report
+        if record.path.endswith((_SNAPSHOT, _TIMELINE)):
+            stage = record.stage.removeprefix(naming.OOM_STAGE_PREFIX)
+            out[os.path.basename(record.path)] = (record.role, stage)
+    return out

@@ -19,15 +19,16 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from instrument.analyze._model import RankStats, StageStats
+from instrument.analyze._model import ENGINE_STAGES, GENERATION_STAGES, RankStats, StageStats, label_key
 
-__all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_SHARE", "US_PER_MS", "across", "compare"]
+__all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_SHARE", "US_PER_MS", "across", "compare", "step_totals"]
 
 US_PER_MS = 1000.0
 STRAGGLER_MIN_MS = 5.0
 """The slowest rank's wall time under which a stage names no straggler: "a few ms", where noise and jitter rule."""
 STRAGGLER_MIN_SHARE = 0.01
 """Share of its step (the slowest rank's wall time over the step's) under which a stage names no straggler."""
+_GENERATING = frozenset(label_key(name) for name in GENERATION_STAGES)
 
 
 def _median(values: list[float]) -> float:
@@ -84,19 +85,37 @@ def across(members: list[RankStats], step_ms: float | None = None) -> StageStats
 
 def _order(stage: StageStats) -> tuple[float, float, int, str, str]:
     step = -1 if stage.step is None else stage.step
-    return (-stage.lost_ms, -stage.median_ms, step, stage.role, stage.stage)
+    # ties by what the ranks are judged by: an engine's long, idle profiling window is not long work
+    return (-stage.lost_ms, -stage.median_work_ms, step, stage.role, stage.stage)
+
+
+def step_totals(groups: Mapping[Any, list[RankStats]]) -> dict[int | None, float]:
+    """Each step's time from its stages: their median wall times added up, each second once. Engine and
+    frontend rows (:data:`~instrument.analyze._model.ENGINE_STAGES`) profile the seconds of the stage that
+    generates, and each other's: they add only to a step without a generating stage, and then once (the longest)."""
+    own: dict[int | None, float] = {}
+    generating: set[int | None] = set()
+    engines: dict[int | None, float] = {}
+    for members in groups.values():
+        first = members[0]
+        median = _median([r.wall_ms for r in members])
+        if first.stage in ENGINE_STAGES:
+            engines[first.step] = max(engines.get(first.step, 0.0), median)
+            continue
+        own[first.step] = own.get(first.step, 0.0) + median
+        if label_key(first.stage) in _GENERATING:
+            generating.add(first.step)
+    steps = own.keys() | engines.keys()
+    return {s: own.get(s, 0.0) + (0.0 if s in generating else engines.get(s, 0.0)) for s in steps}
 
 
 def compare(groups: Mapping[Any, list[RankStats]], profiler_steps: Mapping[int, float]) -> list[StageStats]:
-    """Every step x role x stage of ``groups`` compared, the most time lost first.
+    """Every step x role x stage of ``groups`` compared, the most time lost first (ties: the longest median work).
 
     ``profiler_steps``: a step's ``ProfilerStep#N`` time (ms, median over ranks) where the traces hold
-    one; a step without is as long as its stages' median wall times together.
+    one; a step without is as long as its stages' median wall times together (:func:`step_totals`).
     """
-    sums: dict[int | None, float] = {}
-    for members in groups.values():
-        step = members[0].step
-        sums[step] = sums.get(step, 0.0) + _median([r.wall_ms for r in members])
+    sums = step_totals(groups)
     out = []
     for members in groups.values():
         step = members[0].step

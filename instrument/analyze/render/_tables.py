@@ -1,6 +1,6 @@
 """What the terminal table and the page show of a :class:`~instrument.analyze.Report`: the cells, as text.
 
-Three tables: the stages (one row per step x role x stage, the most time lost first: :func:`table_rows`),
+Three tables: the stages (one row per step x role x stage, in the order they ran: :func:`table_rows`),
 GPU time per rank when the traces hold GPU work (:func:`gpu_rows`) and the memory files beside the
 traces (:func:`memory_rows`); then the lines under them (:func:`summary`). Every ratio in the stage table
 can be checked from figures on its row: when ranks are judged by work, the work figures are shown.
@@ -64,7 +64,6 @@ HEADERS = (
     "events",
 )
 """Every column; :func:`headers` leaves out those that would hold only ``-``."""
-_WORK = ("work med ms", "work max ms")
 GPU_HEADERS = ("rank", "step", "span ms", "compute ms", "communication ms", "memory ms", "idle ms", "overlap")
 LEFT = frozenset({"step", "role", "stage", "kernel", "type"})
 """Columns of labels, aligned left; numbers go right."""
@@ -104,7 +103,8 @@ def _windows(stage: StageStats) -> str:
 
 
 def _by_work(stage: StageStats) -> bool:
-    return stage.judged_by == "work" and len(stage.ranks) > 1
+    # one rank judged by work too: an engine's row shows its work beside its profiling window, as --json does
+    return stage.judged_by == "work"
 
 
 def _named(stage: StageStats) -> bool:
@@ -120,49 +120,49 @@ def _has_mini_batches(report: Report) -> bool:
     return any(r.mini_batches for s in report.stages for r in s.ranks)
 
 
+def _cells(s: StageStats) -> dict[str, str]:
+    """One row's cells under every one of :data:`HEADERS`."""
+    compared = len(s.ranks) > 1  # one rank has no straggler: "-", not "0" and "1.00"
+    by_work = _by_work(s)
+    return {
+        "step": "-" if s.step is None else str(s.step),
+        "role": s.role,
+        "stage": s.stage + _windows(s),
+        "ranks": str(len(s.ranks)),
+        "median ms": ms(s.median_ms),
+        "max ms": ms(s.max_ms),
+        "work med ms": ms(s.median_work_ms) if by_work else "-",
+        "work max ms": ms(max(r.judged_ms for r in s.ranks)) if by_work else "-",
+        "slowest": s.straggler if compared and s.straggler is not None else "-",
+        "max/med": "-" if s.ratio is None or not compared else f"{s.ratio:.2f}",
+        "lost ms": ms(s.lost_ms) if _named(s) and s.lost_ms > 0 else "-",
+        "mini-batch ms": ms(s.minibatch_ms if any(r.mini_batches for r in s.ranks) else None),
+        "cpu op ms": ms(s.cpu_ms),
+        "gpu ms": ms(s.kernel_ms),
+        "events": f"{s.events:,.0f}",
+    }
+
+
+_LABELS = ("step", "role", "stage")
+
+
 def headers(report: Report) -> tuple[str, ...]:
-    """The stage table's columns for ``report``: the work pair only when some row is judged by work, the
-    mini-batch column only when some trace holds mini-batches (a column of ``-`` only takes room)."""
-    left_out: set[str] = set()
-    if not any(_by_work(s) for s in report.stages):
-        left_out.update(_WORK)
-    if not _has_mini_batches(report):
-        left_out.add("mini-batch ms")
-    if not any(_named(s) for s in report.stages):
-        left_out.add("lost ms")
-    return tuple(h for h in HEADERS if h not in left_out)
+    """The stage table's columns for ``report``: :data:`HEADERS` but those that would hold only ``-`` (the
+    work pair when no row is judged by work, ``slowest`` and ``max/med`` with one rank, ``gpu ms`` on the CPU,
+    ...): a column of ``-`` only takes room. The labels (step, role, stage) always stay."""
+    rows = [_cells(s) for s in report.stages]
+    return tuple(h for h in HEADERS if h in _LABELS or any(row[h] != "-" for row in rows))
 
 
-def table_rows(report: Report) -> list[tuple[str, ...]]:
-    """The stage table's cells as text, in the columns of :func:`headers`, the most time lost first.
+def table_rows(report: Report, stages: Iterable[StageStats] | None = None) -> list[tuple[str, ...]]:
+    """The stage table's cells as text, in the columns of :func:`headers`, one row per stage of ``stages``
+    (default :attr:`Report.stages`; the table shows :attr:`Report.pipeline`, the order the stages ran).
 
     ``max/med`` is ``work max ms / work med ms`` on a row judged by work, else ``max ms / median ms``:
     the ratio can always be checked from its row.
     """
     columns = headers(report)
-    rows: list[tuple[str, ...]] = []
-    for s in report.stages:
-        compared = len(s.ranks) > 1  # one rank has no straggler: "-", not "0" and "1.00"
-        by_work = _by_work(s)
-        cells = {
-            "step": "-" if s.step is None else str(s.step),
-            "role": s.role,
-            "stage": s.stage + _windows(s),
-            "ranks": str(len(s.ranks)),
-            "median ms": ms(s.median_ms),
-            "max ms": ms(s.max_ms),
-            "work med ms": ms(s.median_work_ms) if by_work else "-",
-            "work max ms": ms(max(r.judged_ms for r in s.ranks)) if by_work else "-",
-            "slowest": s.straggler if compared and s.straggler is not None else "-",
-            "max/med": "-" if s.ratio is None or not compared else f"{s.ratio:.2f}",
-            "lost ms": ms(s.lost_ms) if _named(s) and s.lost_ms > 0 else "-",
-            "mini-batch ms": ms(s.minibatch_ms if any(r.mini_batches for r in s.ranks) else None),
-            "cpu op ms": ms(s.cpu_ms),
-            "gpu ms": ms(s.kernel_ms),
-            "events": f"{s.events:,.0f}",
-        }
-        rows.append(tuple(cells[c] for c in columns))
-    return rows
+    return [tuple(cells[c] for c in columns) for cells in map(_cells, report.stages if stages is None else stages)]
 
 
 def _gpu_cell(part_us: Any, span_us: float) -> str:
@@ -321,22 +321,25 @@ def summary(report: Report) -> tuple[str, list[str], list[str]]:
         f"{plural(len(report.steps), 'step')}, {plural(len(report.ranks), 'rank')}; "
         f"read in {report.elapsed_s:.2f} s{jobs}"
     )
-    legend = ["ms: wall time of the stage range (median and max across ranks);"]
+    legend = [
+        "rows: each step's stages in the order they ran; ms: wall time of the stage range (median and max"
+        " across ranks; an engine's: its profiling window);"
+    ]
     by_work = any(_by_work(s) for s in report.stages)
     if any(len(s.ranks) > 1 for s in report.stages):
         ratio = "work max / work med where shown, else max / median" if by_work else "max / median"
         legend.append(f"slowest: the straggler rank, max/med: its time over the median ({ratio});")
         legend.append(
-            f"lost ms: the straggler's excess over the median times the ranks that waited for it (rows in this"
-            f" order); no straggler (-) where the slowest rank takes under {STRAGGLER_MIN_MS:g} ms or under"
+            f"lost ms: the straggler's excess over the median times the ranks that waited for it; no straggler"
+            f" (-) where the slowest rank takes under {STRAGGLER_MIN_MS:g} ms or under"
             f" {100 * STRAGGLER_MIN_SHARE:g}% of the step;"
         )
     if by_work:
         # a rank waiting in a barrier for a slow peer has as long a wall time as the peer: say how we judged
         legend.append(
-            "stragglers judged by work (work med / work max ms): time outside CPU-side waits in collectives (barrier,"
-            " all_reduce), so the rank the others wait for is named, not the waiters; engines by execution time,"
-            " not by their profiling window; -: judged by wall time;"
+            "work med / work max ms: time outside CPU-side waits in collectives (barrier, all_reduce), an engine's"
+            " execution time (not its profiling window); what ranks are judged by, so the rank the others wait"
+            " for is named, not the waiters; -: judged by wall time;"
         )
     medians = "mini-batch, cpu op, gpu ms" if _has_mini_batches(report) else "cpu op, gpu ms"
     legend.append(f"{medians} and events: medians across ranks; -: none in the traces.")

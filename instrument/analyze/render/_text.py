@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+import re
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from instrument.analyze._model import Report
@@ -34,7 +36,7 @@ from instrument.analyze.render._tables import (
 )
 from instrument.analyze.render._timeline import STEP_HEADERS, findings_lines, step_rows
 
-__all__ = ["render_text"]
+__all__ = ["DROPPED_FIRST", "Layout", "fit", "render_text", "shorten"]
 
 
 def render_text(report: Report, *, width: int | None = None, color: bool = False) -> str:
@@ -42,14 +44,14 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
     under it, then the GPU table when there is GPU work and the memory files when there are any: ``rich`` at
     ``width`` columns (160 when ``None``), coloured only with ``color``; plain text without ``rich``."""
     columns = headers(report)
-    rows = table_rows(report)
+    in_order = report.pipeline  # the order the stages ran, shared with the page and the picture
+    rows = table_rows(report, in_order)
     headline, legend, notes = summary(report)
     gpu = gpu_rows(report)
     findings = findings_lines(report)
     steps = [tuple(row) for row in step_rows(report)]
     try:
         from rich.console import Console
-        from rich.table import Table
         from rich.text import Text
     except ImportError:
         text = _plain(columns, rows, [headline, *legend])
@@ -62,23 +64,21 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
         if report.memory:
             text += "\n\nMemory files\n" + _plain(MEMORY_HEADERS, memory_rows(report.memory), [HOW_TO_OPEN])
         return "\n".join([text, *notes])
-    table = Table(title=f"instrument analyze: {report.directory}", title_justify="left", header_style="bold")
-    # Labels up to 32 characters stay on one line and the numbers' headers wrap instead ("work med" over
-    # "ms" reads better than a stage name cut in three); a longer label folds.
-    longest = {h: max((len(r[i]) for r in rows), default=0) for i, h in enumerate(columns)}
-    for header in columns:
-        whole = header in ("role", "stage") and longest[header] <= 32
-        table.add_column(header, justify="left" if header in LEFT else "right", overflow="fold", no_wrap=whole)
-    for row, stage in zip(rows, report.stages, strict=True):
+    width = width or 160
+    if not rows:
+        rows = [("-", "-", "no trace found", *([""] * (len(columns) - 3)))]
+    layout = fit(columns, rows, width, shortened=("role", "stage"), droppable=DROPPED_FIRST)
+    table = _table(layout, title=f"instrument analyze: {report.directory}")
+    for row, stage in zip(layout.cut(rows), in_order, strict=False):
         ratio = shown_ratio(stage)
         style = "bold red" if ratio >= BAD_RATIO else "yellow" if ratio >= WARN_RATIO else None
         table.add_row(*(Text(cell) for cell in row), style=style)  # Text: "[mb2-3]" is no markup
-    if not rows:
-        table.add_row("-", "no trace found", *([""] * (len(columns) - 2)))
+    if not report.stages:
+        table.add_row(*(Text(cell) for cell in layout.cut(rows)[0]))
     buffer = io.StringIO()
     console = Console(
         file=buffer,
-        width=width or 160,
+        width=max(width, layout.width),  # a table that cannot fit is wider, never a number cut in two
         force_terminal=color,
         no_color=not color,
         color_system="standard" if color else None,
@@ -87,21 +87,184 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
     _print_timeline(console, findings, steps)
     console.print(table)
     for line in (headline, *legend):
-        console.print(line, markup=False)
+        console.print(line, markup=False, width=width)
+    if layout.left_out:
+        console.print(
+            f"left out for {width} columns: {', '.join(layout.left_out)} (a wider terminal or --json has them)",
+            markup=False,
+            width=width,
+        )
     if gpu:
-        _print_gpu(console, gpu, report)
+        _print_gpu(console, gpu, report, width)
     if report.memory:  # CUDA snapshots and CPU memory timelines beside the traces
-        files = Table(title="Memory files", title_justify="left", header_style="bold")
-        for header in MEMORY_HEADERS:
-            files.add_column(header, justify="right" if header in ("step", "rank", "size") else "left")
-        for row in memory_rows(report.memory):
-            files.add_row(*(Text(cell) for cell in row))
+        memory = memory_rows(report.memory)
+        files = fit(MEMORY_HEADERS, memory, width, shortened=("role", "stage", "file"))
+        table = _table(files, title="Memory files")
+        for row in files.cut(memory):
+            table.add_row(*(Text(cell) for cell in row))
         console.print()
-        console.print(files)
-        console.print(HOW_TO_OPEN, markup=False)
+        console.print(table)
+        console.print(HOW_TO_OPEN, markup=False, width=width)
     for line in notes:
-        console.print(line, markup=False)
+        console.print(line, markup=False, width=width)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+# --------------------------------------------------------------------------- fitting a table to the terminal
+
+DROPPED_FIRST = ("events", "cpu op ms", "gpu ms", "mini-batch ms", "ranks", "max ms", "work max ms")
+"""The stage table's columns left out, in this order, when the table cannot fit the terminal otherwise."""
+LABEL_KEEP = 20
+"""Characters of a label kept while a column can be left out instead."""
+LABEL_MIN = 8
+"""Characters a shortened label keeps at least (its last one an ellipsis)."""
+_ELLIPSIS = "\u2026"
+_PIECE = re.compile(r"[^ /-]+[/-]?|[/-]")
+
+
+def _header_lines(header: str, width: int) -> list[str]:
+    """``header`` on lines of at most ``width``, broken at spaces and after ``-`` and ``/`` (``max/`` ``med``)."""
+    lines: list[str] = []
+    for piece in _PIECE.findall(header):
+        glued = bool(lines) and lines[-1].endswith(("-", "/"))
+        joined = lines[-1] + ("" if glued else " ") + piece if lines else piece
+        if lines and len(joined) <= width:
+            lines[-1] = joined
+        else:
+            lines.append(piece)
+    return lines or [""]
+
+
+def shorten(label: str, width: int) -> str:
+    """``label`` cut to ``width`` with an ellipsis; a stage's window (`` [mb2-3]``) is kept where it fits."""
+    if len(label) <= width:
+        return label
+    name, bracket, window = label.partition(" [")
+    suffix = bracket + window
+    if bracket and len(suffix) + 2 <= width - LABEL_MIN // 2:
+        return name[: width - len(suffix) - 1] + _ELLIPSIS + suffix
+    return label[: width - 1] + _ELLIPSIS
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a table fits: the columns shown, their widths, the box (``compact``: no frame, one space apart)."""
+
+    columns: tuple[str, ...]
+    shown: tuple[int, ...]
+    """Indices of the shown columns in the table's own."""
+    widths: tuple[int, ...]
+    compact: bool
+    left_out: tuple[str, ...]
+    labels: frozenset[str]
+
+    @property
+    def width(self) -> int:
+        """The table's width in characters."""
+        gaps = 2 * (len(self.widths) - 1) if self.compact else 3 * len(self.widths) + 1
+        return sum(self.widths) + gaps
+
+    def headers(self) -> list[str]:
+        """The shown headers, each broken onto lines that fit its column."""
+        return ["\n".join(_header_lines(h, w)) for h, w in zip(self.columns, self.widths, strict=True)]
+
+    def cut(self, rows: Sequence[Sequence[str]]) -> list[tuple[str, ...]]:
+        """``rows`` in the shown columns, labels shortened to their width (numbers always fit theirs)."""
+        out = []
+        for row in rows:
+            cells = [row[i] for i in self.shown]
+            out.append(
+                tuple(
+                    shorten(c, w) if h in self.labels else c
+                    for c, w, h in zip(cells, self.widths, self.columns, strict=True)
+                )
+            )
+        return out
+
+
+def fit(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    *,
+    shortened: Collection[str] = (),
+    droppable: Sequence[str] = (),
+) -> Layout:
+    """The layout of a table of ``rows`` under ``columns`` in ``width`` characters.
+
+    A number is never cut or wrapped: each column is at least as wide as its longest cell. To fit, in this
+    order: headers break onto lines, the ``shortened`` labels lose their ends (to :data:`LABEL_KEEP`), the
+    frame goes (``compact``), the ``droppable`` columns are left out one by one; then all over again with
+    labels cut to :data:`LABEL_MIN`. A table that fits none of these ways is wider than ``width``."""
+    longest = [max([len(r[i]) for r in rows] + [0]) for i in range(len(columns))]
+    shrinkable = frozenset(shortened)
+    present = [h for h in droppable if h in columns]
+    tried: Layout | None = None
+    for label_min in (LABEL_KEEP, LABEL_MIN):  # columns go before a name is cut short of LABEL_KEEP
+        for dropped in range(len(present) + 1):
+            left_out = tuple(present[:dropped])
+            shown = tuple(i for i, h in enumerate(columns) if h not in left_out)
+            names = tuple(columns[i] for i in shown)
+            natural = [max(longest[i], len(columns[i])) for i in shown]
+            least = [
+                min(n, label_min) if h in shrinkable else max(longest[i], *map(len, _PIECE.findall(h)))
+                for n, h, i in zip(natural, names, shown, strict=True)
+            ]
+            for compact in (False, True):
+                tried = Layout(names, shown, tuple(least), compact, left_out, shrinkable)
+                room = width - (tried.width - sum(least))
+                if sum(least) <= room:
+                    widths = _grown(least, natural, names, shrinkable, room)
+                    return Layout(names, shown, widths, compact, left_out, shrinkable)
+    assert tried is not None  # the loops run at least once
+    return tried
+
+
+def _grown(
+    least: list[int], natural: list[int], names: Sequence[str], labels: frozenset[str], room: int
+) -> tuple[int, ...]:
+    """Widths from ``least`` towards ``natural`` within ``room``: labels first (a name whole matters more than
+    a header on one line), a character at a time to the most cut; then headers whole, left to right."""
+    widths = list(least)
+    spare = room - sum(widths)
+    while spare > 0:
+        short = [i for i, h in enumerate(names) if h in labels and widths[i] < natural[i]]
+        if not short:
+            break
+        widest_cut = max(short, key=lambda i: natural[i] - widths[i])
+        widths[widest_cut] += 1
+        spare -= 1
+    for i, h in enumerate(names):
+        if h not in labels and 0 < natural[i] - widths[i] <= spare:
+            spare -= natural[i] - widths[i]
+            widths[i] = natural[i]
+    return tuple(widths)
+
+
+def _table(layout: Layout, *, title: str) -> Any:
+    """An empty rich table with ``layout``'s columns: fixed widths, nothing wraps, labels end in an ellipsis."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(
+        title=title,
+        title_justify="left",
+        header_style="bold",
+        box=box.SIMPLE_HEAD if layout.compact else box.HEAVY_HEAD,
+        show_edge=not layout.compact,
+        pad_edge=not layout.compact,
+        collapse_padding=layout.compact,
+    )
+    for header, lines, w in zip(layout.columns, layout.headers(), layout.widths, strict=True):
+        table.add_column(
+            Text(lines),
+            justify="left" if header in LEFT else "right",
+            width=w,
+            no_wrap=True,
+            overflow="ellipsis",
+        )
+    return table
 
 
 def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ...]]) -> None:
@@ -116,8 +279,15 @@ def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ..
         console.print()
     if steps:
         per_step = Table(title="Steps", title_justify="left", header_style="bold")
-        for header in STEP_HEADERS:
-            per_step.add_column(header, justify="right" if header in ("step", "wall ms") else "left", overflow="fold")
+        for i, header in enumerate(STEP_HEADERS):
+            number = header in ("step", "wall ms")  # whole on one line; the critical path wraps between words
+            per_step.add_column(
+                header,
+                justify="right" if number else "left",
+                overflow="fold",
+                no_wrap=number,
+                min_width=max(len(header), *(len(row[i]) for row in steps)) if number else None,
+            )
         for row in steps:
             per_step.add_row(*(Text(cell) for cell in row))
         console.print(per_step)
@@ -151,27 +321,17 @@ def _plain_gpu_details(report: Report) -> str:
     )
 
 
-def _print_gpu(console: Any, gpu: list[tuple[str, ...]], report: Report) -> None:
+def _print_gpu(console: Any, gpu: list[tuple[str, ...]], report: Report, width: int) -> None:
     """The GPU tables on a rich console: time per rank, then by kernel type and idle split, then the top kernels."""
-    from rich.table import Table
     from rich.text import Text
 
-    small = Table(title="GPU time per rank", title_justify="left", header_style="bold")
-    for header in GPU_HEADERS:
-        small.add_column(header, justify="left" if header == "step" else "right")
-    for row in gpu:
-        small.add_row(*(Text(cell) for cell in row))
-    console.print()
-    console.print(small)
-    console.print(GPU_LEGEND, markup=False)
-    for title, columns, rows, legend in _gpu_details(report):
+    for title, columns, rows, legend in [("GPU time per rank", GPU_HEADERS, gpu, GPU_LEGEND), *_gpu_details(report)]:
         if not rows:
             continue
-        table = Table(title=title, title_justify="left", header_style="bold")
-        for header in columns:
-            table.add_column(header, justify="left" if header in LEFT else "right", overflow="fold")
-        for row in rows:
+        layout = fit(columns, rows, width, shortened=("kernel",))
+        table = _table(layout, title=title)
+        for row in layout.cut(rows):
             table.add_row(*(Text(cell) for cell in row))
         console.print()
         console.print(table)
-        console.print(legend, markup=False)
+        console.print(legend, markup=False, width=width)
