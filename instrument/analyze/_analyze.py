@@ -37,6 +37,7 @@ from instrument.analyze.traces._discover import discover
 from instrument.analyze.traces._names import worker_label
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
 from instrument.analyze.traces._timelines import align, find_timelines
+from instrument.analyze.traces._trace_spans import FROM_TRACES_NOTE, NO_STEP_RANGES, TraceSpans
 from instrument.naming import TIMELINE_SUFFIX
 from instrument.timeline import Span, Timeline
 
@@ -168,6 +169,7 @@ def analyze(
     if progress is not None:
         progress.begin(len(unique), total)
     fold = Fold(filters)
+    traced = TraceSpans()  # the step timeline's spans from the traces, for a run without timeline files
     results: Iterable[FileScan | Skipped]
     if ray is not None and ray is not False:
         # scan_on_ray imports ray itself only when called: a local run never loads it
@@ -179,8 +181,9 @@ def analyze(
             skipped.append(result)
         else:
             fold.add(trace, result)
+            traced.add(trace, result)
     stage_stats = compare(fold.groups(), fold.step_ms())
-    timeline, timeline_note, timeline_spans = _timeline(root, filters, skipped, notes := list(fold.notes))
+    timeline, timeline_note, timeline_spans = _timeline(root, filters, skipped, notes := list(fold.notes), traced)
     skipped.sort(key=lambda s: s.path)
     return Report(
         directory=str(root),
@@ -203,19 +206,23 @@ def analyze(
 
 
 def _timeline(
-    root: Path, filters: Filters, skipped: list[Skipped], notes: list[Skipped]
+    root: Path, filters: Filters, skipped: list[Skipped], notes: list[Skipped], traced: TraceSpans
 ) -> tuple[TimelineReport | None, str | None, TimelineSpans | None]:
-    """The step timeline from the run's timeline files, under the filters, and its spans per process;
-    else why there is none."""
+    """The step timeline from the run's timeline files, else from its traces' step and stage ranges, under
+    the filters, and its spans per process; else why there is none."""
     timelines, unread = find_timelines(root)
     for problem in unread:  # a torn file is read up to its last record: a note, not a file left out
         (notes if any(t.path == problem.path for t in timelines) else skipped).append(problem)
+    from_traces = not timelines
+    if from_traces:
+        timelines = traced.timelines()
     if not timelines:
         return (
             None,
             (
                 f"no step timeline in {root}: the run wrote no *{TIMELINE_SUFFIX} file "
                 "(ProfilerConfig(timeline=False), or a run from before timelines)"
+                + (f", and {NO_STEP_RANGES}" if traced.traces else "")
             ),
             None,
         )
@@ -239,8 +246,12 @@ def _timeline(
     else:  # pragma: no cover - align() keeps every span
         spans = [span for span in on_axis.spans if kept(span)]
     if not spans:
-        return None, "the timeline files hold no span the filters keep", None
+        held = "the traces' step and stage ranges" if from_traces else "the timeline files"
+        return None, f"{held} hold no span the filters keep", None
     report = analyze_timeline(spans, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0)
+    if from_traces:  # said where the notes are read: the findings, the page and the JSON's clock
+        said = " ".join(filter(None, (f"Step timeline {FROM_TRACES_NOTE}.", report.clock.note)))
+        report = replace(report, clock=replace(report.clock, note=said))
     return report, None, None if per_process is None else _lanes(per_process, on_axis.aligned)
 
 

@@ -1,0 +1,174 @@
+"""The step timeline from traces, for a run that wrote no timeline file (:class:`TraceSpans`).
+
+What the scanner already took from each trace (:class:`~._reader.FileScan`: its ``ProfilerStep#N``
+ranges, the stage ranges its segments measure, its first and last event) becomes
+:class:`~instrument.timeline.Span` values, one :class:`~instrument.timeline.Timeline` per process, which
+the timeline analysis reads as it reads timeline files. No file is read a second time.
+
+- **Steps.** A ``ProfilerStep#N`` range is step ``N``. A file that is one step and holds its stages
+  (continuous SDK traces, verl's whole-step traces) spans that step from its first event to its last
+  (the profiler ran the whole step). A file of one stage (discrete SDK traces) says nothing of its
+  step's bounds: a process's step is then taken to last from the first to the last stage of that step
+  on any process of its host (*chosen*: in a synchronous RL loop every rank is in the same step, and a
+  rank idle before its first stage or after its last is idle in the step).
+- **Stages.** The ranges the stage table measures: the outermost user annotations given to a step (in a
+  file of one step, that step), a discrete trace's stage range, a window trace's mini-batches as one range.
+- **Who.** Role and rank as the analysis gives them (name, manifest, ``distributedInfo``); a file with no
+  rank (a single process's plain trace) gets a rank after the known ones, one per file name's worker.
+  Rollout engine and frontend traces are left out: they hold engine iterations, not the run's stages.
+- **Clocks.** Kineto writes an event's ``ts`` in µs after the header's ``baseTimeNanoseconds`` (ns of the
+  wall clock; absent in older traces: ``ts`` is then the time itself), and the host before the events
+  (``host_name``). Traces of one host share its clock; another host's are not aligned to it (no estimate
+  of the offset is recorded in a trace), so the analysis keeps to durations there.
+
+Only what was traced is there: the profiled steps and ranks, the traced stages (:data:`FROM_TRACES_NOTE`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from instrument import naming
+from instrument.analyze._model import TraceFile
+from instrument.analyze.traces._reader import FileScan
+from instrument.timeline import Span, SpanColumns, Timeline
+
+__all__ = ["FROM_TRACES_NOTE", "NO_STEP_RANGES", "TraceSpans"]
+
+FROM_TRACES_NOTE = (
+    "from traces (the run wrote no timeline file): only the traced steps, ranks and stages are in it, "
+    "and idle time is time no traced stage ran"
+)
+NO_STEP_RANGES = (
+    "its traces hold no step range with a stage range in it to build one from "
+    "(a ProfilerStep#N range, or an SDK trace's step, and a record_function or SDK stage inside)"
+)
+_ENGINE_STAGES = frozenset({"engine", "frontend"})
+_UNKNOWN_HOST = ""
+
+
+@dataclass
+class _Process:
+    """The spans of one process so far, on its host's clock (ns)."""
+
+    role: str
+    rank: int | None
+    worker: str | None
+    host: str
+    pid: int
+    world_size: int
+    path: str
+    steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # step -> its measured range
+    stages: list[tuple[str, int, int, int]] = field(default_factory=list)  # name, step, start, end
+
+
+def _base_ns(header: dict[str, Any]) -> int:
+    base = header.get("baseTimeNanoseconds")
+    return base if isinstance(base, int) and not isinstance(base, bool) and base >= 0 else 0
+
+
+def _host(header: dict[str, Any], path: str) -> str:
+    host = header.get("host_name")
+    if isinstance(host, str) and host.isprintable():
+        return host
+    parsed = naming.parse_trace_name(Path(path).name)
+    return parsed.host if parsed is not None else _UNKNOWN_HOST
+
+
+def _pid(path: str) -> int:
+    parsed = naming.parse_trace_name(Path(path).name)
+    return parsed.pid if parsed is not None else 0
+
+
+class TraceSpans:
+    """Collects each read trace's step and stage ranges (:meth:`add`); :meth:`timelines` puts them together."""
+
+    def __init__(self) -> None:
+        self._processes: dict[tuple[str, str, int | str | None], _Process] = {}
+        self.traces = 0
+        """Trace files added (engine and frontend traces included)."""
+
+    def add(self, trace: TraceFile, scan: FileScan) -> None:
+        """Keep the ranges of one read file (a few per step: never its events)."""
+        self.traces += 1
+        if trace.source == "engine" or trace.stage in _ENGINE_STAGES:
+            return
+        if not scan.stage_ranges and not scan.step_ranges:
+            return
+        base = _base_ns(scan.header)
+        host = _host(scan.header, trace.path)
+        who: int | str | None = trace.rank if trace.rank is not None else trace.worker
+        key = (host, trace.role, who)
+        process = self._processes.get(key)
+        if process is None:
+            process = self._processes[key] = _Process(
+                trace.role, trace.rank, trace.worker, host, _pid(trace.path), trace.world_size or 0, trace.path
+            )
+
+        def ns(us: float) -> int:
+            return base + round(us * 1000)
+
+        for number, start, end in scan.step_ranges:
+            process.steps[number] = (ns(start), ns(end))
+        whole = not scan.step_ranges and (trace.continuous or trace.inside)  # the file is its step: the
+        if whole and trace.step is not None and scan.extent is not None:  # profiler ran from its start to its end
+            process.steps[trace.step] = (ns(scan.extent[0]), ns(scan.extent[1]))
+        for name, inside, start, end in scan.stage_ranges:
+            step = trace.step if inside is None else inside
+            if step is not None and end >= start:
+                process.stages.append((name, step, ns(start), ns(end)))
+
+    def timelines(self) -> list[Timeline]:
+        """One timeline per process, with the steps that hold a traced stage; empty when none does."""
+        processes = [p for p in self._processes.values() if p.stages]
+        if not processes:
+            return []
+        known = [p.rank for p in processes if p.rank is not None]
+        spare = iter(range(max(known, default=-1) + 1, 1 << 31))
+        ranks = {id(p): p.rank if p.rank is not None else next(spare) for p in sorted(processes, key=_order)}
+        # a step whose bounds no trace of a process measured: its host's first to last traced range of it
+        reach: dict[tuple[str, int], tuple[int, int]] = {}
+        for p in processes:
+            for _, step, start, end in p.stages:
+                _widen(reach, (p.host, step), start, end)
+        for p in processes:  # only steps in which some process of the host ran a traced stage
+            for step, (start, end) in p.steps.items():
+                if (p.host, step) in reach:
+                    _widen(reach, (p.host, step), start, end)
+        out = []
+        for p in sorted(processes, key=_order):
+            rank = ranks[id(p)]
+            ran = {step for _, step, _, _ in p.stages} | {step for step in p.steps if (p.host, step) in reach}
+            steps = {step: p.steps.get(step) or reach[(p.host, step)] for step in ran}
+            spans = [Span("step", p.role, "", step, rank, lo, hi) for step, (lo, hi) in sorted(steps.items())]
+            stages = sorted(p.stages, key=_start)
+            spans.extend(Span("stage", p.role, name, step, rank, lo, hi) for name, step, lo, hi in stages)
+            out.append(
+                Timeline(
+                    path=p.path,
+                    role=p.role,
+                    rank=rank,
+                    world_size=p.world_size,
+                    host=p.host,
+                    pid=p.pid,
+                    mono_origin_ns=0,
+                    wall_origin_ns=0,
+                    spans=SpanColumns.of(spans, rank),
+                )
+            )
+        return out
+
+
+def _order(p: _Process) -> tuple[int, int, str, str]:
+    return (p.rank is None, -1 if p.rank is None else p.rank, p.worker or "", p.role)
+
+
+def _start(stage: tuple[str, int, int, int]) -> tuple[int, int]:
+    return stage[2], -stage[3]
+
+
+def _widen(reach: dict[tuple[str, int], tuple[int, int]], key: tuple[str, int], start: int, end: int) -> None:
+    held = reach.get(key)
+    reach[key] = (start, end) if held is None else (min(held[0], start), max(held[1], end))
