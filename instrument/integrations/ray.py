@@ -9,6 +9,12 @@ finish hook: after the last step it waits until every worker's traces are on dis
 runs the hook on the hook's ranks of the finish groups (by default the first group only, so
 ranks of different groups that share a number do not all run it).
 
+With the step timeline on, the controller also measures every worker's clock against the run's
+reference (round trips from the controller, at its first control call and at ``finish``) and hands
+each worker its estimate, and records a timeline of its own: role :data:`CONTROLLER_ROLE`, one step
+span per ``ctl.step`` — unless the driver called ``instrument.configure`` itself, whose run then
+records the driver's timeline (and gets the clock estimate).
+
 Importing this module imports Ray.
 """
 
@@ -16,6 +22,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -24,16 +33,25 @@ import ray
 from ray.exceptions import GetTimeoutError, RayError
 
 import instrument
+from instrument._warnings import WarnOnce
 from instrument.config import ProfilerConfig
+from instrument.manifest import Manifest
 from instrument.recorders.nsys import nsys_runtime_env
+from instrument.run._clock import ROUND_TRIPS, Sample, relative, reported_host, round_trip
 from instrument.run._session import STATE, is_last_step
+from instrument.run._timeline import TimelineWriter
 
-__all__ = ["ProfileController", "ProfiledWorker", "WorkerFailure", "nsight_runtime_env"]
+__all__ = ["CONTROLLER_ROLE", "ProfileController", "ProfiledWorker", "WorkerFailure", "nsight_runtime_env"]
 
 logger = logging.getLogger(__name__)
 
 _CONTROL_TIMEOUT_S = 120.0
 """Seconds a start / stop call may take before the controller reports the worker and moves on."""
+_CLOCK_TIMEOUT_S = 10.0  # one clock round trip that takes longer: that host stays unaligned
+CONTROLLER_ROLE = "controller"
+"""The role of the controller's own step timeline (a driver that did not call ``instrument.configure``)."""
+_STEP_SPAN = ("step", None, "step")
+_CLOCK_FAILED = "cannot measure the Ray workers' clocks (the step timeline may stay unaligned across hosts)"
 
 
 class ProfiledWorker:
@@ -85,6 +103,20 @@ class ProfiledWorker:
         run = instrument.current_run()
         return -1 if run is None else run.rank
 
+    def profile_clock(self) -> tuple[int, str, int, int]:
+        """``(clock_ns, host, rank, pid)``: this worker's clock now (the timeline's), host, rank and process."""
+        now = time.perf_counter_ns()  # first: the controller's round trip brackets this read
+        return now, reported_host(), self.profile_rank(), os.getpid()
+
+    def record_profile_clock(self, offset_ns: int, uncertainty_ns: int, source: str) -> bool:
+        """Record a clock estimate (this clock minus the reference's) in the timeline; whether there is one."""
+        session = STATE.session
+        timeline = None if session is None else session.timeline
+        if timeline is None:
+            return False
+        timeline.add_clock(offset_ns, uncertainty_ns, source)
+        return True
+
 
 @dataclass(frozen=True)
 class WorkerFailure:
@@ -132,6 +164,24 @@ class ProfileController:
             for index, actor in enumerate(actors):
                 self._workers.setdefault(actor, (name, index))
         self._dead: set[Any] = set()
+        self.clock_failures = 0
+        """Clock measurements that failed (each left some timeline unaligned); the first is a warning."""
+        self._warn = WarnOnce(logger)
+        self._step_started_ns = 0
+        self._timeline: TimelineWriter | None = None
+        self._manifest: Manifest | None = None
+        session = STATE.session
+        self._driver_run = session if session is not None and not session.finished else None
+        if config.timeline and config.enable and self._driver_run is None:
+            self._manifest = Manifest(config.save_path)
+            self._timeline = TimelineWriter(
+                config.save_path,
+                role=CONTROLLER_ROLE,
+                rank=0,
+                world_size=1,
+                publish=self._manifest.append,
+                report=self._timeline_failed,
+            )
 
     @property
     def workers(self) -> list[Any]:
@@ -143,6 +193,7 @@ class ProfileController:
         if not self._controlling:
             self._controlling = True
             self._call("yield_finish_hook")
+            self._measure_clocks("the first step")
         pending = {}
         for actor in self._workers:
             if actor in self._dead or (only is not None and actor not in only):
@@ -189,6 +240,7 @@ class ProfileController:
 
     def start(self, step: int) -> None:
         """Open step ``step`` on every worker (every step with the timeline, metrics or triggers; else profiled)."""
+        self._step_started_ns = time.perf_counter_ns()
         if self._drives(step):
             self._call("start_profile", step)
 
@@ -196,7 +248,15 @@ class ProfileController:
         """Close step ``step``; after the last step run the finish hook (the same rule as a single process)."""
         if self._drives(step):
             self._call("stop_profile", step, False)
+        timeline = self._timeline
+        if timeline is not None and self._step_started_ns:
+            timeline.pending.append((_STEP_SPAN, step, self._step_started_ns, time.perf_counter_ns(),
+                                     threading.get_ident()))  # fmt: skip
+            timeline.wake()
+        self._step_started_ns = 0
         if is_last_step(self.config, step, last=last):
+            if timeline is not None:
+                timeline.write_now()  # the hook's archive holds every step of it
             self._run_finish_hook()
 
     def _run_finish_hook(self) -> None:
@@ -224,9 +284,120 @@ class ProfileController:
         if not self._finished:
             self._finished = True
             self._run_finish_hook()
+            if self._controlling:
+                self._measure_clocks("the finish")
             for files in self._call("finish_profile"):
                 self.files.extend(files)
+            if self._timeline is not None:
+                self._timeline.close()  # bounded, never raises
+                if self._timeline.path is not None:
+                    self.files.append(str(self._timeline.path))
+            if self._manifest is not None:
+                self._manifest.close()
         return list(self.files)
+
+    # ------------------------------------------------------------------ clocks
+
+    def _measure_clocks(self, when: str) -> None:
+        """Every worker's clock minus the reference's (see the module), recorded in its timeline; never raises."""
+        if not (self.config.timeline and self.config.enable):
+            return
+        try:
+            self._hand_out_clocks(when)
+        except Exception as exc:
+            self._clock_failed(exc)
+
+    def _timeline_failed(self, what: str, exc: BaseException) -> None:
+        self._warn.failure(what, exc, " (the Ray controller's own timeline)")
+
+    def _clock_failed(self, exc: BaseException) -> None:
+        self.clock_failures += 1
+        self._warn.failure(_CLOCK_FAILED, exc)
+
+    def _own_timeline(self) -> tuple[TimelineWriter, int] | None:
+        """The controller process's timeline and its rank: the controller's own, or the driver's run's."""
+        if self._timeline is not None:
+            return self._timeline, 0
+        session = self._driver_run
+        if session is not None and session.timeline is not None:
+            return session.timeline, session.rank
+        return None
+
+    def _hand_out_clocks(self, when: str) -> None:
+        live = [actor for actor in self._workers if actor not in self._dead]
+        places = dict(zip(live, self._ask_all(live, "profile_clock"), strict=True))
+        places = {actor: place for actor, place in places.items() if place is not None}
+        here = reported_host()
+        # Per host, the host's clock minus this controller's: processes of one host share a clock.
+        hosts: dict[str, Sample] = {here: Sample(0, 0)}
+        for actor, (_, host, _, _) in places.items():
+            if host not in hosts:
+                sample = self._round_trips(actor)
+                if sample is not None:
+                    hosts[host] = sample
+        # The reference is the timeline the analysis takes for it: the lowest (rank, pid).
+        candidates = [((rank, pid), host) for _, host, rank, pid in places.values() if rank >= 0]
+        own = self._own_timeline()
+        if own is not None:
+            candidates.append(((own[1], os.getpid()), here))
+        if not candidates:
+            return
+        reference_host = min(candidates)[1]
+        reference = hosts.get(reference_host)
+        if reference is None:
+            raise TimeoutError(f"no round trip to the reference host {reference_host} succeeded")
+        source = f"Ray controller round trips at {when}, best of {ROUND_TRIPS}"
+
+        def estimate(host: str) -> tuple[int, int, str] | None:
+            if host == reference_host:
+                return 0, 0, f"Ray: same host as the reference ({reference_host})"
+            sample = hosts.get(host)
+            if sample is None:
+                return None
+            shifted = relative(sample, reference)
+            return shifted.offset_ns, shifted.uncertainty_ns, source
+
+        missing = sorted({host for _, host, _, _ in places.values() if estimate(host) is None})
+        pending = {}
+        for actor, (_, host, _, _) in places.items():
+            value = estimate(host)
+            if value is not None:
+                pending[actor.record_profile_clock.remote(*value)] = actor
+        own_estimate = estimate(here)
+        if own is not None and own_estimate is not None:
+            own[0].add_clock(*own_estimate)
+        if pending:
+            _, late = ray.wait(list(pending), num_returns=len(pending), timeout=_CLOCK_TIMEOUT_S)
+            if late:
+                missing.append(f"{len(late)} worker(s) that did not record it in time")
+        if missing:
+            raise TimeoutError(f"no clock estimate for {', '.join(missing)}")
+
+    def _ask_all(self, actors: list[Any], method: str) -> list[Any]:
+        """``method`` on every actor at once; ``None`` for one that did not answer in time (it is not dropped)."""
+        refs = [getattr(actor, method).remote() for actor in actors]
+        ray.wait(refs, num_returns=len(refs), timeout=_CLOCK_TIMEOUT_S)
+        answers: list[Any] = []
+        for ref in refs:
+            try:
+                answers.append(ray.get(ref, timeout=0))
+            except Exception:
+                answers.append(None)
+        return answers
+
+    def _round_trips(self, actor: Any) -> Sample | None:
+        """``actor``'s clock minus this controller's, the best of :data:`ROUND_TRIPS` (``None``: none answered)."""
+        samples = []
+        for _ in range(ROUND_TRIPS):
+            sent = time.perf_counter_ns()
+            try:
+                stamp = ray.get(actor.profile_clock.remote(), timeout=_CLOCK_TIMEOUT_S)[0]
+            except Exception as exc:
+                logger.debug("instrument: a clock round trip failed: %s", exc)
+                break
+            worker = round_trip(sent, stamp, time.perf_counter_ns())  # the controller minus the worker
+            samples.append(Sample(worker.uncertainty_ns, -worker.offset_ns))
+        return min(samples, default=None)
 
     @staticmethod
     def nsight_runtime_env(config: ProfilerConfig, *, capture_ranges: int | None = None) -> dict[str, Any]:

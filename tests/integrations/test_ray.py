@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,11 @@ import pytest
 ray = pytest.importorskip("ray")
 
 import instrument as ins  # noqa: E402
-from instrument.integrations.ray import ProfileController, ProfiledWorker, nsight_runtime_env  # noqa: E402
+from instrument.analyze import analyze  # noqa: E402
+from instrument.analyze.traces._timelines import align, find_timelines  # noqa: E402
+from instrument.integrations.ray import CONTROLLER_ROLE, ProfileController, ProfiledWorker, nsight_runtime_env  # noqa: E402
 from instrument.naming import parse_trace_name  # noqa: E402
+from instrument.run._clock import HOST_ENV  # noqa: E402
 from tests.conftest import without_timeline  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -38,9 +42,13 @@ def ray_cluster() -> Iterator[None]:
 class ActorWorker(ProfiledWorker):
     """A verl-like actor worker: configures itself with its place in the group."""
 
-    def __init__(self, cfg: ins.ProfilerConfig, rank: int, world_size: int, role: str = "actor") -> None:
+    def __init__(
+        self, cfg: ins.ProfilerConfig, rank: int, world_size: int, role: str = "actor", host: str | None = None
+    ) -> None:
         import torch
 
+        if host is not None:  # a stand-in for a second host (one machine has one clock)
+            os.environ[HOST_ENV] = host
         self.torch = torch
         self.starts = 0
         ins.configure(cfg, role=role, rank=rank, world_size=world_size)
@@ -83,7 +91,7 @@ def test_worker_group_profiles_chosen_steps_and_ranks_and_finishes_once(
         finish_hook=_hook(tmp_path, (0, 3)),
         timeline=timeline,
     )
-    actors = [ActorWorker.remote(cfg, rank, 4) for rank in range(4)]
+    actors = [ActorWorker.remote(cfg, rank, 4) for rank in range(4)]  # type: ignore[attr-defined]
     ctl = ProfileController(cfg, groups={"actor_rollout_ref": actors, "ref": actors})  # colocated: driven once
     assert len(ctl.workers) == 4
     started = time.monotonic()
@@ -96,7 +104,8 @@ def test_worker_group_profiles_chosen_steps_and_ranks_and_finishes_once(
     assert ctl.failures == []
     # The step timeline needs every step's boundaries on the workers; without it only profiled steps are driven.
     assert ray.get([a.start_count.remote() for a in actors]) == ([3, 3, 3, 3] if timeline else [2, 2, 2, 2])
-    assert len(files) - len(without_timeline(files)) == (4 if timeline else 0)  # one step timeline per worker
+    # One step timeline per worker, and the controller's own.
+    assert len(files) - len(without_timeline(files)) == (5 if timeline else 0)
     files = without_timeline(files)
     names = [parse_trace_name(f) for f in files]
     assert sorted((n.step, n.rank, n.window) for n in names if n) == [
@@ -124,7 +133,7 @@ def test_a_failing_and_a_dying_worker_leave_the_others_intact(ray_cluster: None,
         schedule=ins.Schedule(active=4),
         finish_hook=_hook(tmp_path, (0,)),
     )
-    actors = [ActorWorker.remote(cfg, rank, 3) for rank in range(3)]
+    actors = [ActorWorker.remote(cfg, rank, 3) for rank in range(3)]  # type: ignore[attr-defined]
     # Up before they are driven: on a loaded machine starting three workers can outlast any control
     # timeout (a hang guard only; the test is about who failed and how).
     assert ray.get([a.start_count.remote() for a in actors], timeout=HANG_GUARD_S) == [0, 0, 0]
@@ -163,8 +172,8 @@ def test_the_hook_runs_in_the_finish_group_after_every_worker_saved(ray_cluster:
         all_ranks=True,
         finish_hook=ins.FinishHook(cmd=f'ls "$INSTRUMENT_PROFILE_SAVE_PATH" > "{listing}"', ranks=(0,)),
     )
-    actors = [ActorWorker.remote(cfg, rank, 2) for rank in range(2)]
-    critics = [ActorWorker.remote(cfg, rank, 2, role="critic") for rank in range(2)]  # ranks 0..1 again
+    actors = [ActorWorker.remote(cfg, rank, 2) for rank in range(2)]  # type: ignore[attr-defined]
+    critics = [ActorWorker.remote(cfg, rank, 2, role="critic") for rank in range(2)]  # type: ignore[attr-defined]  # ranks 0..1 again
     ctl = ProfileController(cfg, groups={"actor": actors, "critic": critics})
     with ctl.step(1):  # steps=(1,): the last configured step ends the run's profiling
         ray.get([w.update_actor.remote(200) for w in [*actors, *critics]])  # big traces: exports take a while
@@ -224,3 +233,45 @@ def test_a_slow_step_trigger_fires_on_a_ray_worker(ray_cluster: None, tmp_path: 
     assert ctl.failures == []
     names = [parse_trace_name(p.name) for p in tmp_path.glob("*.pt.trace.json.gz")]
     assert [(n.step, n.triggered) for n in names if n is not None] == [(4, True)]
+
+
+GENEROUS_NS = 2_000_000_000  # an uncertainty beyond 2 s would be no estimate worth having
+
+
+def test_a_worker_on_another_host_gets_its_clock_and_the_controller_records_its_steps(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    save = tmp_path / "profile"
+    cfg = ins.ProfilerConfig(save_path=str(save), tool="none")
+    actors = [ActorWorker.remote(cfg, rank, 3, host="pretend-host-b" if rank == 2 else None) for rank in range(3)]  # type: ignore[attr-defined]
+    ctl = ProfileController(cfg, groups={"actor": actors})
+    for step in (1, 2):
+        with ctl.step(step):
+            ray.get([a.update_actor.remote(2) for a in actors], timeout=HANG_GUARD_S)
+    ctl.finish()
+    assert ctl.failures == [] and ctl.clock_failures == 0
+
+    timelines, skipped = find_timelines(save)
+    assert skipped == []
+    by_place = {(t.role, t.rank): t for t in timelines}
+    assert sorted(by_place) == [("actor", 0), ("actor", 1), ("actor", 2), (CONTROLLER_ROLE, 0)]
+    controller = by_place[(CONTROLLER_ROLE, 0)]
+    assert [(s.kind, s.step) for s in controller.spans] == [("step", 1), ("step", 2)]
+    for rank in (1, 2):  # the controller's step holds the workers' steps (one clock here: no uncertainty)
+        worker = {s.step: s for s in by_place[("actor", rank)].spans if s.kind == "step"}
+        assert all(c.start_ns <= worker[c.step].start_ns <= worker[c.step].end_ns <= c.end_ns for c in controller.spans)
+    pretend = by_place[("actor", 2)]
+    assert pretend.host == "pretend-host-b"
+    assert len(pretend.clocks) == 2  # at the first step and at the finish
+    estimate = pretend.clock
+    assert estimate is not None and "Ray controller" in estimate.source
+    # One clock in truth: zero within the estimate's own uncertainty.
+    assert abs(estimate.offset_ns) <= estimate.uncertainty_ns < GENEROUS_NS, estimate
+    for place in (("actor", 0), ("actor", 1), (CONTROLLER_ROLE, 0)):  # the reference's host
+        assert {(c.offset_ns, c.uncertainty_ns) for c in by_place[place].clocks} == {(0, 0)}, place
+    print(f"ray: the pretend host's clock {estimate.offset_ns / 1e6:+.3f} ms +- {estimate.uncertainty_ns / 1e6:.3f} ms")
+
+    clock = analyze(save, jobs=1).to_dict()["timeline"]["clock"]
+    assert clock["aligned"] is True
+    assert clock["max_uncertainty_ms"] == pytest.approx(estimate.uncertainty_ns / 1e6, abs=1e-3)
+    assert align([replace(t, clocks=()) for t in timelines]).aligned is False  # without it: unaligned
