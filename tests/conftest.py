@@ -15,6 +15,11 @@ import instrument.testing
 from instrument.naming import TIMELINE_SUFFIX
 
 _T = TypeVar("_T")
+_DATA = Path(__file__).parent / "data"
+
+
+def _data_files() -> set[str]:
+    return {os.path.join(root, name) for root, _dirs, names in os.walk(_DATA) for name in names}
 
 
 @pytest.fixture(autouse=True)
@@ -22,6 +27,17 @@ def _unconfigured() -> Iterator[None]:
     instrument.testing.reset()
     yield
     instrument.testing.reset()
+
+
+@pytest.fixture(autouse=True)
+def _data_untouched() -> Iterator[None]:
+    """Committed test data is read, never written: a test that analyses it in place must not leave a picture."""
+    before = _data_files()
+    yield
+    added = _data_files() - before
+    for path in added:
+        os.unlink(path)  # the next tests see the data as committed
+    assert not added, f"this test wrote into tests/data: {sorted(added)}"
 
 
 def load_trace(path: str | Path) -> dict[str, Any]:
