@@ -75,39 +75,61 @@ def render_text(report: Report, *, width: int | None = None, color: bool = False
         table.add_row(*(Text(cell) for cell in row), style=style)  # Text: "[mb2-3]" is no markup
     if not report.stages:
         table.add_row(*(Text(cell) for cell in layout.cut(rows)[0]))
+    below = _tables_below(report, gpu, width)
     buffer = io.StringIO()
     console = Console(
         file=buffer,
-        width=max(width, layout.width),  # a table that cannot fit is wider, never a number cut in two
+        # a table that cannot fit is wider than the terminal, never a number cut: everything else keeps to width
+        width=max(width, layout.width, *(fitted.width for _, fitted, _, _ in below)),
         force_terminal=color,
         no_color=not color,
         color_system="standard" if color else None,
         highlight=False,
     )
-    _print_timeline(console, findings, steps)
+    _print_timeline(console, findings, steps, width)
     console.print(table)
     for line in (headline, *legend):
         console.print(line, markup=False, width=width)
     if layout.left_out:
-        console.print(
-            f"left out for {width} columns: {', '.join(layout.left_out)} (a wider terminal or --json has them)",
-            markup=False,
-            width=width,
-        )
-    if gpu:
-        _print_gpu(console, gpu, report, width)
-    if report.memory:  # CUDA snapshots and CPU memory timelines beside the traces
-        memory = memory_rows(report.memory)
-        files = fit(MEMORY_HEADERS, memory, width, shortened=("role", "stage", "file"))
-        table = _table(files, title="Memory files")
-        for row in files.cut(memory):
+        console.print(_left_out(layout, width).lstrip("\n"), markup=False, width=width)
+    for title, fitted, cells, legend_line in below:
+        table = _table(fitted, title=title)
+        for row in fitted.cut(cells):
             table.add_row(*(Text(cell) for cell in row))
         console.print()
         console.print(table)
-        console.print(HOW_TO_OPEN, markup=False, width=width)
+        console.print(legend_line, markup=False, width=width)
     for line in notes:
         console.print(line, markup=False, width=width)
     return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines())
+
+
+def _tables_below(
+    report: Report, gpu: list[tuple[str, ...]], width: int
+) -> list[tuple[str, Layout, list[tuple[str, ...]], str]]:
+    """The tables under the stage table, fitted: GPU time per rank, by kernel type and idle split, the top
+    kernels (GPU traces), then the memory files beside the traces (CUDA snapshots, CPU memory timelines)."""
+    tables = [("GPU time per rank", GPU_HEADERS, gpu, GPU_LEGEND), *_gpu_details(report)]
+    if report.memory:
+        tables.append(("Memory files", MEMORY_HEADERS, memory_rows(report.memory), HOW_TO_OPEN))
+    shortened = ("kernel", "role", "stage", "file")
+    out = []
+    for title, columns, rows, legend in tables:
+        if rows:
+            fitted = fit(columns, rows, width, shortened=shortened, droppable=_GPU_DROPPED_FIRST, left=_MEMORY_LEFT)
+            out.append((title, fitted, rows, legend + _left_out(fitted, width)))
+    return out
+
+
+def _left_out(layout: Layout, width: int) -> str:
+    if not layout.left_out:
+        return ""
+    return f"\nleft out for {width} columns: {', '.join(layout.left_out)} (a wider terminal or --json has them)"
+
+
+_GPU_DROPPED_FIRST = ("overlap", "launch p95 us", "launch p50 us", "kernel wait", "memory", "memory ms")
+"""The GPU tables' columns left out, in this order, when a table cannot fit the terminal otherwise."""
+_MEMORY_LEFT = LEFT - {"step"} | {"kind", "window", "file"}  # the memory table's words; its numbers go right
 
 
 # --------------------------------------------------------------------------- fitting a table to the terminal
@@ -157,6 +179,9 @@ class Layout:
     compact: bool
     left_out: tuple[str, ...]
     labels: frozenset[str]
+    """Columns whose cells may be shortened."""
+    left: frozenset[str] = LEFT
+    """Columns aligned left (words); the rest are numbers, aligned right."""
 
     @property
     def width(self) -> int:
@@ -189,6 +214,7 @@ def fit(
     *,
     shortened: Collection[str] = (),
     droppable: Sequence[str] = (),
+    left: frozenset[str] = LEFT,
 ) -> Layout:
     """The layout of a table of ``rows`` under ``columns`` in ``width`` characters.
 
@@ -211,11 +237,11 @@ def fit(
                 for n, h, i in zip(natural, names, shown, strict=True)
             ]
             for compact in (False, True):
-                tried = Layout(names, shown, tuple(least), compact, left_out, shrinkable)
+                tried = Layout(names, shown, tuple(least), compact, left_out, shrinkable, left)
                 room = width - (tried.width - sum(least))
                 if sum(least) <= room:
                     widths = _grown(least, natural, names, shrinkable, room)
-                    return Layout(names, shown, widths, compact, left_out, shrinkable)
+                    return Layout(names, shown, widths, compact, left_out, shrinkable, left)
     assert tried is not None  # the loops run at least once
     return tried
 
@@ -259,7 +285,7 @@ def _table(layout: Layout, *, title: str) -> Any:
     for header, lines, w in zip(layout.columns, layout.headers(), layout.widths, strict=True):
         table.add_column(
             Text(lines),
-            justify="left" if header in LEFT else "right",
+            justify="left" if header in layout.left else "right",
             width=w,
             no_wrap=True,
             overflow="ellipsis",
@@ -267,7 +293,7 @@ def _table(layout: Layout, *, title: str) -> Any:
     return table
 
 
-def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ...]]) -> None:
+def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ...]], width: int) -> None:
     """The findings, then the per-step table, on a rich console (nothing without a timeline)."""
     from rich.table import Table
     from rich.text import Text
@@ -275,7 +301,7 @@ def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ..
     if findings:
         console.print("Findings", style="bold")
         for line in findings:
-            console.print(line, markup=False)
+            console.print(line, markup=False, width=width)
         console.print()
     if steps:
         per_step = Table(title="Steps", title_justify="left", header_style="bold")
@@ -290,7 +316,7 @@ def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ..
             )
         for row in steps:
             per_step.add_row(*(Text(cell) for cell in row))
-        console.print(per_step)
+        console.print(per_step, width=width)
         console.print()
 
 
@@ -319,19 +345,3 @@ def _plain_gpu_details(report: Report) -> str:
     return "".join(
         f"\n\n{title}\n" + _plain(h, rows, [legend]) for title, h, rows, legend in _gpu_details(report) if rows
     )
-
-
-def _print_gpu(console: Any, gpu: list[tuple[str, ...]], report: Report, width: int) -> None:
-    """The GPU tables on a rich console: time per rank, then by kernel type and idle split, then the top kernels."""
-    from rich.text import Text
-
-    for title, columns, rows, legend in [("GPU time per rank", GPU_HEADERS, gpu, GPU_LEGEND), *_gpu_details(report)]:
-        if not rows:
-            continue
-        layout = fit(columns, rows, width, shortened=("kernel",))
-        table = _table(layout, title=title)
-        for row in layout.cut(rows):
-            table.add_row(*(Text(cell) for cell in row))
-        console.print()
-        console.print(table)
-        console.print(legend, markup=False, width=width)
