@@ -4,27 +4,50 @@ Each process appends to its own ``instrument-manifest-{host}-pid{pid}.jsonl``, s
 shared filesystem never write into the same file; each record is one ``write`` on an
 ``O_APPEND`` descriptor, so a crash leaves whole lines behind.  Readers take every
 ``instrument-manifest-*.jsonl`` and skip lines they cannot parse.
+
+Each line also names the run that wrote it (:class:`RunStamp`: ``run``, ``run_from``, ``run_started``),
+so several runs into one ``save_path`` can be told apart; lines of older writers have none.
 """
 
 from __future__ import annotations
 
 import errno
 import json
+import math
 import os
 import stat
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from instrument import naming
 from instrument.naming import TraceIdentity
 
-__all__ = ["CUT_SHORT", "MANIFEST_GLOB", "Manifest", "TraceRecord", "manifest_name", "read_manifests"]
+__all__ = [
+    "CUT_SHORT",
+    "MANIFEST_GLOB",
+    "Manifest",
+    "RunStamp",
+    "TraceRecord",
+    "manifest_name",
+    "read_manifests",
+]
 
 MANIFEST_GLOB = "instrument-manifest-*.jsonl"
 _NAME_ATTEMPTS = 100
+
+
+@dataclass(frozen=True)
+class RunStamp:
+    """Which run wrote a manifest line: its id (shared by every process of the job), where the id came from
+    (``env``, ``torchelastic``, ``store``, ``ray``, ``slurm``, ``time``, ``process``) and when this
+    process's run started (seconds since the epoch)."""
+
+    id: str
+    source: str
+    started: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,11 +60,16 @@ class TraceRecord(TraceIdentity):
     path: str
     bytes: int
     tool: str
+    run: RunStamp | None = field(default=None, compare=False)
+    """The run that wrote the line (read back from a manifest; ``None`` from older writers). Not compared:
+    a record read back equals the one published."""
 
     def to_json(self) -> str:
         """The record as one JSON line (without newline)."""
         data: dict[str, Any] = {key: getattr(self, attr) for key, attr in _ON_DISK}
         data["window"] = None if self.window is None else list(self.window)
+        if self.run is not None:
+            data.update(run=self.run.id, run_from=self.run.source, run_started=self.run.started)
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -74,8 +102,9 @@ class Manifest:
     (a planted link, an earlier run of a recycled pid) moves this run to ``…-pid{pid}-{n}.jsonl``.
     """
 
-    def __init__(self, save_path: str | os.PathLike[str]) -> None:
+    def __init__(self, save_path: str | os.PathLike[str], run: RunStamp | None = None) -> None:
         self.path = Path(save_path) / manifest_name()
+        self.run = run  # stamped on every line written
         self._lock = threading.Lock()
         self._fd: int | None = None
 
@@ -94,6 +123,8 @@ class Manifest:
 
     def append(self, record: TraceRecord) -> None:
         """Add one record (one ``write``: a crash leaves whole lines); ``OSError`` when it cannot."""
+        if self.run is not None and record.run is None:
+            record = replace(record, run=self.run)
         line = (record.to_json() + "\n").encode("utf-8")
         with self._lock:
             if self._fd is None:
@@ -230,7 +261,19 @@ def _record(text: str) -> TraceRecord:
             raise ValueError(f"'window' must be null or [first, last] (got {_shown(window)})")
         window = tuple(_checked("window", n, int, "null or two ints") for n in window)
     values["world_size"] = values.pop("world")
-    return TraceRecord(window=window, **values)
+    return TraceRecord(window=window, run=_stamp(data), **values)
+
+
+def _stamp(data: dict[str, Any]) -> RunStamp | None:
+    """The line's run (``None`` when it names none: an older writer); ``ValueError`` for a malformed one."""
+    if "run" not in data:
+        return None
+    run_id = _checked("run", data["run"], str, "a string")
+    source = _checked("run_from", data.get("run_from", "env"), str, "a string")
+    started = data.get("run_started", 0.0)
+    if isinstance(started, bool) or not isinstance(started, int | float) or not math.isfinite(started):
+        raise ValueError(f"'run_started' must be a number (got {_shown(started)})")
+    return RunStamp(run_id, source, float(started)) if run_id else None
 
 
 def _checked(key: str, value: Any, kind: type, words: str) -> Any:

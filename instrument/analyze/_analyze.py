@@ -29,11 +29,12 @@ from instrument.analyze._model import (
     label_key,
 )
 from instrument.analyze._ray import scan_on_ray
+from instrument.analyze._selection import Selection
 from instrument.analyze.analyzers._fold import Filters, Fold
 from instrument.analyze.analyzers._snapshots import find_memory_files
 from instrument.analyze.analyzers._stats import compare
 from instrument.analyze.analyzers._timeline import TimelineReport, analyze_timeline
-from instrument.analyze.traces._discover import discover
+from instrument.analyze.traces._discover import discover, find_runs, select_run
 from instrument.analyze.traces._names import worker_label
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
 from instrument.analyze.traces._timelines import align, find_timelines
@@ -129,8 +130,15 @@ def analyze(
     jobs: int | None = None,
     progress: ReadProgress | None = None,
     ray: str | bool | None = None,
+    run: str | None = None,
+    strict: bool = False,
 ) -> Report:
     """Analyse the traces in ``path`` (a ``save_path``).
+
+    ``run``: which run of ``path`` (see ``docs/analyze.md``, Runs): ``None`` the newest, an id (or a unique
+    start of one) that run, ``"all"`` every file. ``strict``: raise :class:`NothingMatchedError` (a
+    ``ValueError``) when the filters keep nothing, or ``path`` holds no trace, instead of an empty report.
+    A filter naming values partly absent gets a note in :attr:`Report.notes`.
 
     ``ranks`` / ``steps`` / ``stages`` keep only those (``stages`` compares labels the way file names
     write them, so ``update_actor`` and ``update-actor`` are the same); ``ranks=None`` keeps every rank
@@ -157,11 +165,15 @@ def analyze(
     root = Path(path)
     if not root.is_dir():
         raise NotADirectoryError(f"{root} is not a directory")
+    stages = [stages] if isinstance(stages, str) else None if stages is None else list(stages)  # read twice
     filters = Filters.of(ranks, steps, stages, all_ranks)
     if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
         raise ValueError(f"'jobs' must be an int >= 1: {jobs!r}")
 
     found, skipped = discover(root)
+    selection = Selection(select_run(find_runs(root), run, root))  # ValueError naming the runs for an unknown id
+    found = [trace for trace in found if selection.keeps(trace.path)]
+    selection.add_files(found)
     unique = _without_duplicates(_identified(found, filters, skipped), skipped)
     total = sum(_size(t.path) for t in unique)
     if jobs is None:
@@ -183,7 +195,14 @@ def analyze(
             fold.add(trace, result)
             traced.add(trace, result)
     stage_stats = compare(fold.groups(), fold.step_ms())
-    timeline, timeline_note, timeline_spans = _timeline(root, filters, skipped, notes := list(fold.notes), traced)
+    timeline, timeline_note, timeline_spans = _timeline(
+        root, filters, skipped, notes := list(fold.notes), traced, selection
+    )
+    memory = [m for m in _memory_files(root, filters) if selection.keeps(m.path)]
+    selection.add_read(stage_stats)
+    if strict and not fold.files and not memory and (timeline is None or selection.hopeless(filters, stages)):
+        raise selection.nothing(root, filters, stages, sorted(skipped, key=lambda s: s.path))
+    notes += selection.absent(root, filters, stages)
     skipped.sort(key=lambda s: s.path)
     return Report(
         directory=str(root),
@@ -195,7 +214,7 @@ def analyze(
         elapsed_s=time.perf_counter() - started,
         jobs=jobs,
         gpu=fold.gpu_rows(),
-        memory=tuple(_memory_files(root, filters)),
+        memory=tuple(memory),
         gpu_kernels=fold.kernel_rows(),
         gpu_idle=fold.idle_rows(),
         notes=tuple(notes),
@@ -206,11 +225,19 @@ def analyze(
 
 
 def _timeline(
-    root: Path, filters: Filters, skipped: list[Skipped], notes: list[Skipped], traced: TraceSpans
+    root: Path,
+    filters: Filters,
+    skipped: list[Skipped],
+    notes: list[Skipped],
+    traced: TraceSpans,
+    selection: Selection,
 ) -> tuple[TimelineReport | None, str | None, TimelineSpans | None]:
     """The step timeline from the run's timeline files, else from its traces' step and stage ranges, under
     the filters, and its spans per process; else why there is none."""
     timelines, unread = find_timelines(root)
+    timelines = [t for t in timelines if selection.keeps(t.path)]  # the run analysed only
+    unread = [problem for problem in unread if selection.keeps(problem.path)]
+    selection.add_timelines(timelines)
     for problem in unread:  # a torn file is read up to its last record: a note, not a file left out
         (notes if any(t.path == problem.path for t in timelines) else skipped).append(problem)
     from_traces = not timelines

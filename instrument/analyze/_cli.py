@@ -1,10 +1,12 @@
 """``instrument analyze DIR``: the table, ``--json``, the PNG, ``--html`` and ``--merged-trace``.
 
 Exit status: 0 every file was read, 1 some were skipped (one stderr line each), 2 bad arguments,
-an unreadable directory or an output that could not be written. A file read whole because no stage or
-step could be recognised in it gets a note on stderr (the exit status stays 0).  Names and labels come
-from a directory we do not trust: control characters are escaped (one line per skipped file, no
-terminal escapes) and text no encoding can print is backslash-escaped rather than raising.
+an unreadable directory, nothing the filters keep (or no trace at all: then no picture is written; what
+is there is named), an unknown ``--run`` or an output that could not be written.  Of several runs in
+the directory the newest is analysed (one stderr line names the others) unless ``--run`` picks.  A file
+read whole because no stage or step could be recognised in it gets a note on stderr (the exit status
+stays 0).  Names and labels come from a directory we do not trust: control characters are escaped (one
+line per skipped file, no terminal escapes) and text no encoding can print is backslash-escaped rather than raising.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from instrument.analyze._intervals import IntRanges
 from instrument.analyze._layout import export_layout
 from instrument.analyze._model import Report, Skipped
 from instrument.analyze._ray import RayUnavailableError
+from instrument.analyze._selection import NothingMatchedError
 from instrument.analyze.render import render_text, write_html, write_merged_trace, write_png
+from instrument.analyze.traces._discover import ALL_RUNS, Run, find_runs, runs_line, select_run
 
 __all__ = ["DEFAULT_PNG", "add_arguments", "main_from_args", "parse_int_list"]
 
@@ -37,11 +41,13 @@ examples:
   instrument analyze outputs/profile
   instrument analyze outputs/profile --ranks 0,2 --steps 2-4 --stage update_actor --html report.html
   instrument analyze outputs/profile --json > analysis.json
+  instrument analyze outputs/profile --run all       # every run in the directory, not only the newest
   instrument analyze outputs/profile --merged-trace merged.json.gz   # every rank's timeline: open in Perfetto
   instrument analyze outputs/profile --layout tensorboard tb-runs   # then: tensorboard --logdir tb-runs
   instrument analyze /shared/profile --ray auto      # files read as Ray tasks on the running cluster
 
-Exit status: 0 all files read, 1 some skipped (named on stderr), 2 bad arguments or unreadable directory.
+Exit status: 0 all files read, 1 some skipped (named on stderr), 2 bad arguments, unreadable directory,
+nothing matching the filters (or no trace), or an unknown --run.
 """
 
 
@@ -78,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--steps", type=parse_int_list, metavar="LIST", help="only these steps, e.g. 1,3")
     parser.add_argument(
         "--stage", action="append", metavar="NAME", help="only this stage (update_actor or update-actor); repeat it"
+    )
+    parser.add_argument(
+        "--run",
+        metavar="ID",
+        help=f"which run of DIR (default: the newest; the others are named on stderr); {ALL_RUNS}: every file",
     )
     parser.add_argument("--json", action="store_true", help="print the analysis as JSON instead of the table")
     parser.add_argument(
@@ -274,6 +285,44 @@ def _page_and_trace(args: argparse.Namespace, report: Report) -> tuple[Path | No
     return page, merged
 
 
+def _runs(args: argparse.Namespace) -> tuple[list[Run], Run | None]:
+    """The runs of the directory, newest first, and the one ``--run`` picks (``None``: every one). A directory
+    that cannot be read, or an unknown ``--run``, gives no runs here: the analysis then says why."""
+    try:
+        runs = find_runs(args.directory)
+        return runs, select_run(runs, getattr(args, "run", None), args.directory)
+    except (OSError, ValueError):
+        return [], None
+
+
+def _analysed(args: argparse.Namespace, ray: str | bool | None) -> Report | int:
+    """The analysis, or the exit status of its failure (said on stderr; nothing written)."""
+    reading = _Reading(quiet=args.quiet or args.json)
+    try:
+        try:
+            return analyze(
+                args.directory,
+                ranks=args.ranks,
+                steps=args.steps,
+                stages=args.stage,
+                jobs=args.jobs,
+                progress=reading,
+                ray=ray,
+                run=getattr(args, "run", None),
+                strict=True,
+            )
+        finally:
+            reading.close()  # before any other line, so the display never mixes with them
+    except NothingMatchedError as exc:  # no picture, no page: what was asked and what there is
+        _tell_left_out(exc.skipped, ())
+        _error(exc.lines[0])
+        for line in exc.lines[1:]:
+            _say(_printable(line), sys.stderr)
+        return 2
+    except (OSError, ValueError, RayUnavailableError) as exc:
+        return _error(str(exc))
+
+
 def main_from_args(args: argparse.Namespace) -> int:
     """Run ``instrument analyze`` with parsed arguments; returns the exit status."""
     ray = getattr(args, "ray", None)
@@ -282,22 +331,13 @@ def main_from_args(args: argparse.Namespace) -> int:
         return _error(wrong)
     if getattr(args, "layout", None):
         return _export(args)
-    reading = _Reading(quiet=args.quiet or args.json)
-    try:
-        try:
-            report = analyze(
-                args.directory,
-                ranks=args.ranks,
-                steps=args.steps,
-                stages=args.stage,
-                jobs=args.jobs,
-                progress=reading,
-                ray=ray,
-            )
-        finally:
-            reading.close()  # before any other line, so the display never mixes with them
-    except (OSError, ValueError, RayUnavailableError) as exc:
-        return _error(str(exc))
+    runs, chosen = _runs(args)
+    report = _analysed(args, ray)
+    if isinstance(report, int):
+        return report
+    said = runs_line(runs, chosen)
+    if said is not None:
+        _say(f"instrument analyze: {_printable(said)}", sys.stderr)
     _tell_left_out(report.skipped, report.notes)
 
     png: Path | None = None
@@ -326,6 +366,7 @@ def main_from_args(args: argparse.Namespace) -> int:
         data["png"] = None if png is None else str(png)
         data["html"] = None if page is None else str(page)
         data["merged_trace"] = None if merged is None else str(merged)
+        data["runs"] = [run.to_dict(selected=chosen is None or run is chosen) for run in runs]
         _say_json(data)
     else:
         tty = sys.stdout.isatty()

@@ -42,6 +42,11 @@ class RunInfo:
         return int(self._session.world_size)
 
     @property
+    def run_id(self) -> str:
+        """The run's id, the same in every process of the job (stamped on each manifest line; see docs/analyze.md)."""
+        return str(self._session.run_id.id)
+
+    @property
     def tool(self) -> str:
         """The tool as configured: a recorder name (``torch``, ``nvtx``, ...), several joined by ``+``, or ``none``."""
         return str(self._session.config.tool)

@@ -30,6 +30,7 @@ from instrument.run._process import (
     keep_cupti,
     terminate_now,
 )
+from instrument.run._run_id import older_runs, resolve_run_id
 from instrument.run._stages import StageTracing, _Frame
 from instrument.run._state import STATE
 from instrument.run._timeline import TimelineWriter
@@ -85,7 +86,8 @@ class Session(StageTracing):
         self._holder = 0  # thread holding self._lock (the SIGTERM handler must not re-enter from it)
         self.terminate_pending = False
         self._backend_failed = False
-        self._manifest = Manifest(config.save_path)
+        self.run_id = resolve_run_id(rank=rank, world_size=world_size)  # the job's, agreed by every process
+        self._manifest = Manifest(config.save_path, run=self.run_id)
         self._failures = WarnOnce(logger)  # SDK failures this run absorbed (each kind warned about once)
         self._never_recorded: set[str] = set()
         self._specs: dict[tuple[str, int | None, bool, bool, str | None], TraceSpec] = {}
@@ -185,10 +187,27 @@ class Session(StageTracing):
                 try:
                     Path(self.config.save_path).mkdir(parents=True, exist_ok=True)
                     self._save_path_ok = True
+                    if self.rank == 0:
+                        self._tell_older_runs()
                 except Exception as exc:
                     self._save_path_ok = False
                     self._fail(f"cannot profile into {self.config.save_path!r}", exc)
             return self._save_path_ok
+
+    def _tell_older_runs(self) -> None:
+        """Once, on rank 0: ``save_path`` holds files of older runs, and which run ``instrument analyze`` shows."""
+        try:
+            older = older_runs(self.config.save_path, self.run_id.id)
+        except Exception:  # a note only: never a reason to refuse the save_path
+            return
+        if older:
+            logger.warning(
+                "instrument: %s already holds files of older runs (%d manifests); `instrument analyze` shows the "
+                "newest run (this one, %s) unless given --run ID or --run all",
+                self.config.save_path,
+                older,
+                self.run_id.id,
+            )
 
     def publish(self, record: TraceRecord) -> None:
         """A recorder saved a complete file (any thread): list it in the manifest and the run."""

@@ -433,8 +433,8 @@ def test_bad_arguments_and_directories_exit_2(tmp_path: Path, capsys: pytest.Cap
     with pytest.raises(SystemExit) as exc:
         cli.main(["analyze", str(tmp_path), "--ranks", "zero"])
     assert exc.value.code == 2
-    rc, out, _ = _cli([str(tmp_path), "--no-png"], capsys)  # empty: nothing to say, nothing skipped
-    assert rc == 0 and "no trace found" in out
+    rc, out, err = _cli([str(tmp_path), "--no-png"], capsys)  # empty: no trace, said on stderr (issue 27)
+    assert rc == 2 and out == "" and "no trace to analyse" in err
     with pytest.raises(ValueError, match="ranks"):
         analyze(tmp_path, ranks=[-1])
 
