@@ -23,6 +23,7 @@ from typing import TextIO
 
 from instrument._terminal import Display, human_bytes, wanted
 from instrument.analyze._analyze import analyze
+from instrument.analyze._details import with_details
 from instrument.analyze._intervals import IntRanges
 from instrument.analyze._layout import export_layout
 from instrument.analyze._model import Report, Skipped
@@ -269,7 +270,7 @@ def _page_and_trace(args: argparse.Namespace, report: Report) -> tuple[Path | No
     page: Path | None = None
     if args.html:
         try:
-            page = write_html(report, args.html)
+            page = write_html(with_details(report), args.html)  # the page alone shows run facts and top ops
         except ImportError:
             return _error("--html needs matplotlib: pip install 'instrument[analyze]'")
         except OSError as exc:

@@ -23,7 +23,7 @@ from urllib.parse import unquote, urlparse
 
 import pytest
 
-from instrument import naming
+from instrument import cli, naming
 from instrument.analyze import Report, analyze, write_html, write_png
 from instrument.analyze._details import with_details
 from instrument.analyze.render import _png as picture
@@ -236,3 +236,13 @@ def test_the_page_works_offline_in_headless_chromium(report: Report, tmp_path: P
         check=True,
     )
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_command_writes_the_page_with_its_details(
+    run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    page = tmp_path / "analysis.html"
+    assert cli.main(["analyze", str(run), "--no-png", "--quiet", "--html", str(page)]) == 1  # one file skipped
+    capsys.readouterr()
+    text = page.read_text(encoding="utf-8")
+    assert "<h2>Run</h2>" in text and "<h2>Top ops per stage</h2>" in text and "Trace files (18)" in text
