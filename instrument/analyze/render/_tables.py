@@ -337,9 +337,9 @@ def summary(report: Report) -> tuple[str, list[str], list[str]]:
     if by_work:
         # a rank waiting in a barrier for a slow peer has as long a wall time as the peer: say how we judged
         legend.append(
-            "work med / work max ms: time outside CPU-side waits in collectives (barrier, all_reduce), an engine's"
-            " execution time (not its profiling window); what ranks are judged by, so the rank the others wait"
-            " for is named, not the waiters; -: judged by wall time;"
+            "stragglers judged by work (work med / work max ms): time outside CPU-side waits in collectives"
+            " (barrier, all_reduce), so the rank the others wait for is named, not the waiters, and an engine's"
+            " execution time (not its profiling window); -: judged by wall time;"
         )
     medians = "mini-batch, cpu op, gpu ms" if _has_mini_batches(report) else "cpu op, gpu ms"
     legend.append(f"{medians} and events: medians across ranks; -: none in the traces.")
