@@ -6,8 +6,11 @@ ranks run their stages; one slow rollout rank; a few µs to ms of jitter everywh
 clock off by its own offset, with the clock estimate that puts it back) into a temporary directory, then, in a
 fresh process for each size (so that peaks do not mix), times the real path: read every file
 (:func:`find_timelines`), :func:`align`, :func:`analyze_timeline`. Side by side, in the same process, the floor:
-the time to merely read the files' bytes. Sizes: 1/4, 1/2 and all of ``--ranks``, so that linear growth shows;
-the budget is 60 s and 500 MB peak RSS at 4,096 ranks. Prints, asserts nothing. Run:
+the time to merely read the files' bytes (``x floor``: the real path's time over it), and, after, the time to make
+every span a :class:`Span` once (``Spans s``: what reading them as objects cost at the least). Sizes: 1/4, 1/2 and
+all of ``--ranks``, so that linear growth shows; the budget is 60 s and 500 MB peak RSS at 4,096 ranks (``t/60s``,
+``MB/500``; ``cpu s``: the CPU time, which other work on a busy machine does not inflate; ``base MB``: the process
+before it reads anything). Prints, asserts nothing. Run:
 ``.venv/bin/python benchmarks/timeline_analysis.py [--ranks 4096] [--steps 100] [--stages 10]``
 (``--path analyze``: through :func:`instrument.analyze.analyze`, as ``instrument analyze`` runs it).
 """
@@ -93,6 +96,25 @@ def write_run(directory: Path, ranks: int, steps: int, stages: int, seed: int = 
     return written
 
 
+def peak_rss_mb() -> float:
+    """This process's peak resident set (MB): VmHWM, which starts again at exec (``ru_maxrss`` would count the
+    parent's pages at the fork)."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def cpu_s() -> float:
+    """CPU seconds this process has used: unlike wall time, other work on the machine does not add to it."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def measure(directory: Path, path: str) -> dict[str, Any]:
     """In this (fresh) process: the floor, then the analysis of every timeline file in ``directory``."""
     from instrument.analyze.analyzers._timeline import analyze_timeline
@@ -100,14 +122,14 @@ def measure(directory: Path, path: str) -> dict[str, Any]:
 
     if path == "analyze":
         from instrument.analyze import analyze
-    base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    began = time.perf_counter()
+    base_mb = peak_rss_mb()
+    began, cpu_began = time.perf_counter(), cpu_s()
     size = 0
     for entry in sorted(os.scandir(directory), key=lambda e: e.name):
         with open(entry.path, "rb") as handle:
             size += len(handle.read())
-    floor = time.perf_counter() - began
-    began = time.perf_counter()
+    floor, floor_cpu = time.perf_counter() - began, cpu_s() - cpu_began
+    began, cpu_began = time.perf_counter(), cpu_s()
     if path == "analyze":
         report = analyze(directory, jobs=1).timeline
         read = aligned_at = time.perf_counter()
@@ -119,8 +141,14 @@ def measure(directory: Path, path: str) -> dict[str, Any]:
         report = analyze_timeline(
             on_axis.spans, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0
         )
-    done = time.perf_counter()
+    done, cpu = time.perf_counter(), cpu_s() - cpu_began
     assert report is not None
+    objects = 0.0
+    if path != "analyze":  # the second floor: making every span a Span once (what reading them as objects did)
+        objects = time.perf_counter()
+        for _ in on_axis.spans:
+            pass
+        objects = time.perf_counter() - objects
     return {
         "bytes": size,
         "floor_s": floor,
@@ -128,8 +156,11 @@ def measure(directory: Path, path: str) -> dict[str, Any]:
         "align_s": aligned_at - read,
         "analyze_s": done - aligned_at,
         "total_s": done - began,
-        "base_mb": base_kb / 1024,
-        "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "floor_cpu_s": floor_cpu,
+        "objects_s": objects,
+        "cpu_s": cpu,
+        "base_mb": base_mb,
+        "peak_mb": peak_rss_mb(),
         "aligned": report.clock.aligned,
         "steps": len(report.steps),
         "findings": [f.text for f in report.findings[:3]],
@@ -142,22 +173,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--stages", type=int, default=10)
     parser.add_argument("--path", choices=("timeline", "analyze"), default="timeline")
-    parser.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)  # the child's side
+    parser.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)  # the children's sides
+    parser.add_argument("--write", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.write:
+        print(write_run(Path(args.write), args.ranks, args.steps, args.stages))
+        return
     if args.measure:
         print(json.dumps(measure(Path(args.measure), args.path)))
         return
     print(f"path: {args.path}; budget at {TARGET_RANKS:,} ranks: {BUDGET_S:.0f} s and {BUDGET_MB:.0f} MB peak RSS")
     header = (
         f"{'ranks':>6} {'spans':>10} {'MB on disk':>10} {'floor s':>8} {'read s':>7} {'align s':>7} "
-        f"{'analyze s':>9} {'total s':>8} {'x floor':>8} {'µs/span':>7} {'peak MB':>8} {'base MB':>7} "
+        f"{'analyze s':>9} {'total s':>8} {'x floor':>8} {'Spans s':>7} {'cpu s':>6} {'cpu µs/span':>11} "
+        f"{'peak MB':>8} {'base MB':>7} "
         f"{'KB/1k spans':>11} {'t/60s':>6} {'MB/500':>6}"
     )
     print(header)
     rows = []
     for ranks in sorted({max(1, args.ranks // 4), max(1, args.ranks // 2), args.ranks}):
         with tempfile.TemporaryDirectory(prefix="timeline-bench-") as tmp:
-            spans = write_run(Path(tmp), ranks, args.steps, args.stages)
+            shape = ["--ranks", str(ranks), "--steps", str(args.steps), "--stages", str(args.stages)]
+            writer = subprocess.run([sys.executable, __file__, "--write", tmp, *shape], check=True, capture_output=True)
+            spans = int(writer.stdout)
             child = subprocess.run(
                 [sys.executable, __file__, "--measure", tmp, "--path", args.path],
                 check=True,
@@ -170,7 +208,9 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"{ranks:>6} {spans:>10,} {got['bytes'] / 2**20:>10.1f} {got['floor_s']:>8.2f} {got['read_s']:>7.2f} "
             f"{got['align_s']:>7.3f} {got['analyze_s']:>9.2f} {got['total_s']:>8.2f} "
-            f"{got['total_s'] / got['floor_s']:>8.0f} {1e6 * got['total_s'] / spans:>7.2f} {got['peak_mb']:>8.0f} "
+            f"{got['total_s'] / got['floor_s']:>8.0f} {got['objects_s']:>7.2f} {got['cpu_s']:>6.1f} "
+            f"{1e6 * got['cpu_s'] / spans:>11.2f} "
+            f"{got['peak_mb']:>8.0f} "
             f"{got['base_mb']:>7.0f} {1000 * net_kb / spans:>11.1f} {got['total_s'] / BUDGET_S:>6.2f} "
             f"{got['peak_mb'] / BUDGET_MB:>6.2f}"
         )

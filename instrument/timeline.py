@@ -27,7 +27,7 @@ import struct
 import sys
 from array import array
 from bisect import bisect_right
-from collections.abc import Iterable, Iterator, MutableSequence, Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -152,6 +152,14 @@ class SpanColumns(Sequence[Span]):
     def __len__(self) -> int:
         return len(self.name)
 
+    def take(self, indices: Sequence[int]) -> SpanColumns:
+        """The spans at ``indices``, in that order, as new columns (the same name table)."""
+        columns = [
+            array(c.typecode, map(c.__getitem__, indices)) if isinstance(c, array) else [c[i] for i in indices]
+            for c in (self.name, self.step, self.start_ns, self.duration_ns, self.thread)
+        ]
+        return SpanColumns(self.rank, self.names, *columns)
+
     @overload
     def __getitem__(self, index: int) -> Span: ...
     @overload
@@ -227,6 +235,47 @@ class SpanTable(Sequence[Span]):
 
     def __len__(self) -> int:
         return self._ends[-1] if self._ends else 0
+
+    def steps(self, kind: str | None = None) -> set[int]:
+        """The step numbers the spans (those of ``kind``) are in."""
+        found: set[int] = set()
+        for columns, _ in self.parts:
+            if kind is None:
+                found.update(columns.step)
+                continue
+            ids = {i for i, (k, _, _) in enumerate(columns.names) if k == kind}
+            if ids:
+                found.update(step for n, step in zip(columns.name, columns.step, strict=True) if n in ids)
+        return found
+
+    def where(
+        self,
+        *,
+        ranks: Container[int] | None = None,
+        steps: Container[int] | None = None,
+        names: Callable[[str, str, str], bool] | None = None,
+    ) -> SpanTable:
+        """The spans at ``ranks``, in ``steps`` and whose (kind, role, stage) ``names`` keeps (``None``: all).
+
+        One part for each of this table's, in order and with its shift (an empty one where nothing is kept),
+        so that ``parts`` still pair with the timelines; a part kept whole is the same columns, not a copy."""
+        parts = []
+        for columns, shift in self.parts:
+            if ranks is not None and columns.rank not in ranks:
+                parts.append((columns.take(()), shift))
+                continue
+            named = [True] * len(columns.names) if names is None else [bool(names(*n)) for n in columns.names]
+            wanted = steps is None or all(step in steps for step in set(columns.step))
+            if wanted and all(named[n] for n in set(columns.name)):
+                parts.append((columns, shift))
+                continue
+            pairs = zip(columns.name, columns.step, strict=True)
+            if steps is None:
+                keep = [i for i, (n, _) in enumerate(pairs) if named[n]]
+            else:
+                keep = [i for i, (n, step) in enumerate(pairs) if named[n] and step in steps]
+            parts.append((columns.take(keep), shift))
+        return SpanTable(parts)
 
     @overload
     def __getitem__(self, index: int) -> Span: ...
@@ -397,6 +446,7 @@ def _record(data: bytes, offset: int, size: int, path: str) -> tuple[bytes, tupl
 
 # Offsets into a span record, tag first; they follow _SPAN ("<HHIqq"): name, step, start, duration, thread.
 _FIELDS = ((1, 2, "H"), (5, 4, _U32), (9, 8, "q"), (17, 8, "q"), (3, 2, "H"))
+_SHORT_RUN = 16
 
 
 def _span_run(data: bytes, at: int, size: int) -> int:
@@ -409,6 +459,11 @@ def _span_run(data: bytes, at: int, size: int) -> int:
 def _columns(data: bytes, at: int, count: int) -> list[array[int]]:
     """The columns of ``count`` span records from byte ``at``: each field's bytes gathered by strided copies
     (no Python loop per record: the reader's cost is a few copies per run of records)."""
+    if count <= _SHORT_RUN:  # a copy per field costs more than unpacking a few records
+        records = [_SPAN.unpack_from(data, at + 1 + k * SPAN_BYTES) for k in range(count)]
+        name, thread, step, start, duration = zip(*records, strict=True)
+        fields = (name, step, start, duration, thread)
+        return [array(code, values) for (_, _, code), values in zip(_FIELDS, fields, strict=True)]
     chunk = data[at : at + count * SPAN_BYTES]
     out = []
     for offset, width, code in _FIELDS:
@@ -423,17 +478,25 @@ def _columns(data: bytes, at: int, count: int) -> list[array[int]]:
     return out
 
 
-def _name_entries(ids: array[int], slot: dict[int, int], columns: list[array[int]], path: str) -> array[int]:
+def _name_entries(ids: array[int], slot: dict[int, int], path: str) -> array[int]:
     """A run's name ids as entries of the name table (the same numbers unless an id was redefined)."""
     if all(slot.get(i) == i for i in set(ids)):
-        return ids if ids.typecode == columns[0].typecode else array(columns[0].typecode, ids)
+        return ids
     for i in ids:
         if i not in slot:
             raise TimelineError(f"{path}: a span refers to name {i}, never defined")
     entries = [slot[i] for i in ids]
-    if max(entries) > 0xFFFF and columns[0].typecode == "H":  # more than 65,536 definitions: wider entries
-        columns[0] = array(_U32, columns[0])
-    return array(columns[0].typecode, entries)
+    return array("H" if max(entries) <= 0xFFFF else _U32, entries)  # past 65,536 definitions: wider
+
+
+def _joined(runs: list[array[int]], code: str) -> array[int]:
+    """One column from its runs, allocated once at its size (appending run by run leaves up to 1/8 unused)."""
+    if any(run.typecode != code for run in runs):  # a name column that grew past 65,536 entries
+        code = _U32
+        runs = [run if run.typecode == code else array(code, run) for run in runs]
+    column = array(code)
+    column.frombytes(b"".join(run.tobytes() for run in runs))
+    return column
 
 
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
@@ -450,7 +513,7 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     names: list[tuple[str, str, str]] = []  # the table the name column indexes
     slot: dict[int, int] = {}  # the file's name id -> its entry in names (the id itself, as the writer numbers)
     threads: dict[int, int] = {}
-    columns: list[array[int]] = [array(code) for _, _, code in _FIELDS]
+    runs: list[list[array[int]]] = [[] for _ in _FIELDS]  # each column's runs of records
     clocks: list[ClockEstimate] = []
     torn = False
     size = len(data)
@@ -461,9 +524,9 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
                 if not count:
                     raise _TornError
                 run = _columns(data, offset, count)
-                run[0] = _name_entries(run[0], slot, columns, shown)
-                for column, part in zip(columns, run, strict=True):
-                    column.extend(part)
+                run[0] = _name_entries(run[0], slot, shown)
+                for column, part in zip(runs, run, strict=True):
+                    column.append(part)
                 offset += count * SPAN_BYTES
                 continue
             tag, values, offset = _record(data, offset, size, shown)
@@ -478,6 +541,7 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
                 clocks.append(ClockEstimate(*values))
     except _TornError:
         torn = True
-    name, step, start, duration, thread = columns
+    del data
+    name, step, start, duration, thread = (_joined(r, code) for r, (_, _, code) in zip(runs, _FIELDS, strict=True))
     spans = SpanColumns(header["rank"], tuple(names), name, step, start, duration, thread)
     return Timeline(path=shown, spans=spans, clocks=tuple(clocks), torn=torn, threads=threads, **header)

@@ -206,3 +206,45 @@ def test_thousands_of_spans_are_read_in_runs(tmp_path: Path) -> None:
         (s.kind, s.role, s.stage, s.step, s.start_ns, s.duration_ns, timeline.threads[s.thread]) for s in timeline.spans
     ]
     assert got == records[:-1] and timeline.torn
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(span_values.map(lambda s: replace(s, step=s.step % 4)), max_size=30),
+    st.none() | st.sets(st.integers(0, 3)),
+    st.none() | st.sets(st.integers(0, 3)),
+    st.none() | st.sets(st.sampled_from(["", "generate", "update_actor"])),
+)
+def test_a_table_keeps_the_spans_asked_for_part_by_part(
+    values: list[Span], ranks: set[int] | None, steps: set[int] | None, stages: set[str] | None
+) -> None:
+    table = SpanTable((columns, columns.rank * 10) for columns, _ in SpanTable.of(values).parts)
+
+    def named(kind: str, role: str, stage: str) -> bool:
+        return stages is None or kind == "step" or stage in stages
+
+    kept = table.where(ranks=ranks, steps=steps, names=None if stages is None else named)
+    assert list(kept) == [
+        s
+        for s in table
+        if (ranks is None or s.rank in ranks) and (steps is None or s.step in steps) and named(s.kind, s.role, s.stage)
+    ]
+    assert [columns.rank for columns, _ in kept.parts] == [columns.rank for columns, _ in table.parts]
+    assert [shift for _, shift in kept.parts] == [shift for _, shift in table.parts]
+    assert table.steps("step") == {s.step for s in values if s.kind == "step"}
+    assert table.steps() == {s.step for s in values}
+    whole = table.where()
+    assert all(a is b for (a, _), (b, _) in zip(whole.parts, table.parts, strict=True))  # nothing copied
+
+
+@pytest.mark.slow
+def test_more_names_than_an_id_holds_are_each_read(tmp_path: Path) -> None:
+    count = 0x10000 + 5  # redefinitions of one id: more entries than 16 bits number
+    data = bytearray(HEADER + encode_thread(0, 1))
+    for i in range(count):
+        data += encode_name(0, "stage", "actor", f"s{i}") + encode_span(0, 0, 1, i, i + 1)
+    path = tmp_path / "names.timeline.bin"
+    path.write_bytes(bytes(data))
+    spans = read_timeline(path).spans
+    assert len(spans) == count and [spans[i].stage for i in (0, 1, -1)] == ["s0", "s1", f"s{count - 1}"]
+    assert [s.stage for s in spans] == [f"s{i}" for i in range(count)]
