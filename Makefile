@@ -58,6 +58,7 @@ demo: $(STAMP)
 demo-ray: $(STAMP)
 	rm -rf outputs/demo
 	$(BIN)/python examples/ppo_demo_ray.py --config examples/demo.yaml --num-steps 4 all_ranks=true
+	$(BIN)/instrument analyze outputs/demo/profile --html outputs/demo/analysis.html
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) outputs .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -64,7 +64,7 @@ class RayDemoResult(DemoResult):
     """
 
     manifests: tuple[Path, ...]
-    """The ``instrument-manifest-*.jsonl`` written by the workers of this run."""
+    """The ``instrument-manifest-*.jsonl`` written by the workers of this run, then the controller's (its timeline)."""
     recorded: tuple[tuple[int, str, int], ...]
     """``(step, group, rank)`` for every worker that recorded a step."""
     starts: tuple[tuple[str, int, int], ...]
@@ -179,7 +179,7 @@ def _summary(result: RayDemoResult, cfg: ProfilerConfig) -> list[str]:
     traces = result.traces
     lines = [f"traces    {len(traces)} in {demo.shown(result.save_path)}/"]
     lines += [f"  {t.name}" for t in traces] or ["  (none)"]
-    lines.append(f"manifests {len(result.manifests)} (one per worker process that saved a trace)")
+    lines.append(f"manifests {len(result.manifests)} (one per worker process, and the controller's for its timeline)")
     lines += [f"  {demo.shown(m)}" for m in result.manifests]
     if result.archive is not None:
         lines.append(f"archive   {demo.shown(result.archive)} (written by the finish hook)")
@@ -333,7 +333,8 @@ def train(cfg: ProfilerConfig, steps_total: int, *, seed: int = 0, out: TextIO |
             ray.shutdown()
         shutil.rmtree(rendezvous, ignore_errors=True)
 
-    manifests = tuple(p for p in (Path(m).absolute() for _, m in reports) if p.is_file())
+    own = [] if ctl.manifest_path is None else [str(ctl.manifest_path)]
+    manifests = tuple(p for p in (Path(m).absolute() for m in [*(m for _, m in reports), *own]) if p.is_file())
     archive = save_path.parent / demo.ARCHIVE_NAME
     fresh_archive = archive.is_file() and archive.stat().st_mtime >= began - 1
     result = RayDemoResult(

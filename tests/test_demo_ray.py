@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import subprocess
 import sys
 import tarfile
 import time
@@ -26,7 +27,7 @@ from ppo_demo_ray import WORLD_SIZE, RayDemoResult, run_ray_demo  # noqa: E402
 from ppo_ray_workers import ACTOR_ROLLOUT_REF, CRITIC  # noqa: E402
 
 from instrument.config import ProfilerConfig  # noqa: E402
-from instrument.integrations.ray import WorkerFailure  # noqa: E402
+from instrument.integrations.ray import CONTROLLER_ROLE, WorkerFailure  # noqa: E402
 from instrument.naming import TRACE_SUFFIX, parse_trace_name  # noqa: E402
 from tests.conftest import without_timeline  # noqa: E402
 
@@ -102,7 +103,7 @@ def test_colocated_group_is_driven_once_per_profiled_step(ray_demo: tuple[RayDem
 @pytest.mark.slow
 def test_one_manifest_per_worker_process(ray_demo: tuple[RayDemoResult, str, float, bool]) -> None:
     result, _, _, _ = ray_demo
-    assert len(result.manifests) == 2 * WORLD_SIZE
+    assert len(result.manifests) == 2 * WORLD_SIZE + 1  # and the controller's, listing its step timeline
     assert result.manifest == result.manifests[0]
     assert sorted(result.manifests) == sorted(result.save_path.glob("instrument-manifest-*.jsonl"))
     listed: set[str] = set()
@@ -113,7 +114,9 @@ def test_one_manifest_per_worker_process(ray_demo: tuple[RayDemoResult, str, flo
         owners |= {(r["role"], r["rank"]) for r in records}
         assert len(records) - len(without_timeline(records)) == 1  # each process lists its own step timeline
         listed |= {Path(r["path"]).name for r in without_timeline(records)}
-    assert owners == {(group, rank) for group in (ACTOR_ROLLOUT_REF, CRITIC) for rank in range(WORLD_SIZE)}
+    assert owners == {(group, rank) for group in (ACTOR_ROLLOUT_REF, CRITIC) for rank in range(WORLD_SIZE)} | {
+        (CONTROLLER_ROLE, 0)
+    }
     assert listed == {p.name for p in result.traces}
 
 
@@ -124,7 +127,10 @@ def test_finish_hook_archive_lists_every_trace_and_manifest(ray_demo: tuple[RayD
     with tarfile.open(result.archive, "r:gz") as archive:
         members = {Path(name).name for name in archive.getnames()}
     assert {p.name for p in result.traces} <= members  # the hook waited for the other workers' exports
-    assert {m.name for m in result.manifests} <= members
+    # The workers' manifests; the controller's is written when its timeline closes, at ctl.finish(), after the hook.
+    assert {m.name for m in result.manifests[:-1]} <= members
+    controller = {p.name for p in result.save_path.glob(f"{CONTROLLER_ROLE}_timeline_*")}
+    assert len(controller) == 1 and controller <= members  # its steps are in it, though
 
 
 @pytest.mark.slow
@@ -148,6 +154,22 @@ def test_output_names_who_profiled_and_where_the_files_are(ray_demo: tuple[RayDe
     assert all(p.name in text for p in result.traces)
     assert "failure" not in text
     print(f"ray demo: {NUM_STEPS} steps, 4 workers, in {elapsed:.1f} s")
+
+
+@pytest.mark.slow
+def test_the_analysis_that_make_demo_ray_ends_with_starts_with_findings(
+    ray_demo: tuple[RayDemoResult, str, float, bool],
+) -> None:
+    result, _, _, _ = ray_demo
+    command = [sys.executable, "-m", "instrument", "analyze", str(result.save_path)]
+    text = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    lines = text.splitlines()
+    first = lines.index("Findings")  # before any table
+    assert lines[first + 1].startswith("1. "), text
+    assert "Steps" in lines[first:] and lines.index("Steps") > first
+    data = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True, check=True).stdout)
+    assert data["findings"] and all(f["text"] for f in data["findings"])
+    assert data["timeline"]["clock"]["aligned"] is True  # one host: one clock; every worker has its estimate too
 
 
 @pytest.mark.slow

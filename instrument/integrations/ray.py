@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -182,6 +183,12 @@ class ProfileController:
                 publish=self._manifest.append,
                 report=self._timeline_failed,
             )
+
+    @property
+    def manifest_path(self) -> Path | None:
+        """The controller's own manifest (it lists the controller's timeline), once written; else ``None``."""
+        manifest = self._manifest
+        return manifest.path if manifest is not None and manifest.path.is_file() else None
 
     @property
     def workers(self) -> list[Any]:
