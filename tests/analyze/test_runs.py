@@ -161,15 +161,20 @@ def test_an_id_given_in_the_environment_is_the_run_id(tmp_path: Path) -> None:
     assert [run.id for run in find_runs(tmp_path)] == [second, first]
 
 
-def test_files_of_no_run_are_a_run_of_their_own_and_never_the_default(tmp_path: Path) -> None:
+def test_files_of_no_run_join_the_newest_run_if_written_since_it_started_else_form_their_own(
+    tmp_path: Path,
+) -> None:
+    old = tmp_path / "foreign.json"
+    old.write_text('{"traceEvents": []}')
+    os.utime(old, (1_000_000_000, 1_000_000_000))  # written long before any run here
     run_id, _ = real_run(tmp_path, "1")
-    (tmp_path / "merged.json").write_text('{"traceEvents": []}')  # written after the run: newer
+    (tmp_path / "engine.json").write_text('{"traceEvents": []}')  # written after the run started: its own
     runs = find_runs(tmp_path)
-    assert [run.id for run in runs] == [NO_RUN_ID, run_id]
-    chosen = select_run(runs, None, tmp_path)
-    assert chosen is not None and chosen.id == run_id
-    assert select_run(runs, NO_RUN_ID, tmp_path) is runs[0]
-    assert select_run(runs, run_id[:-3], tmp_path) is runs[1]  # a unique start of an id will do
+    assert [run.id for run in runs] == [run_id, NO_RUN_ID]
+    assert "engine.json" in runs[0].names and runs[1].names == {"foreign.json"}
+    assert select_run(runs, None, tmp_path) is runs[0]
+    assert select_run(runs, NO_RUN_ID, tmp_path) is runs[1]
+    assert select_run(runs, run_id[:-3], tmp_path) is runs[0]  # a unique start of an id will do
 
 
 def test_an_old_manifest_without_run_ids_is_one_run(tmp_path: Path) -> None:

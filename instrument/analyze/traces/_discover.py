@@ -8,8 +8,10 @@ trace's own ``distributedInfo.rank`` (:func:`~instrument.analyze.traces._reader.
 Nothing is opened here but the manifests and the directory listing.
 
 :func:`find_runs` tells the runs of a ``save_path`` apart by the run id on each manifest line (see
-``instrument/run/_run_id.py``): a file no manifest gives an id (a foreign trace, an older manifest's) is
-of the run :data:`NO_RUN_ID`, unless a file of the same writer (host and pid in the SDK's names) has one.
+``instrument/run/_run_id.py``). A file no manifest gives an id (a foreign trace, an older version's run,
+traces relocated by ``instrument rollout``) joins the run of another file of its writer (host and pid in
+the SDK's names); else the newest run when it was written after that run started (an engine's traces, a
+file added since); else it is of the run :data:`NO_RUN_ID`, the files from before.
 Runs whose id comes from the start's minute (``time``) and of one world size, started less than
 :data:`RUN_JOIN_S` apart, are one run: a job whose processes straddle a minute boundary is not split.
 """
@@ -89,12 +91,15 @@ def find_runs(directory: str | os.PathLike[str]) -> list[Run]:
         if parsed is not None:
             writer.setdefault((parsed.host, parsed.pid), stamp.id)
     alias = _joined(seen)
+    newest = max(seen, key=lambda run_id: seen[run_id][0], default=None)
     names: dict[str, set[str]] = {}
-    for name in on_disk:
+    for name, entry in on_disk.items():
         run_id = owner.get(name)
         if run_id is None:
             parsed = parse_trace_name(name)
             run_id = None if parsed is None else writer.get((parsed.host, parsed.pid))
+        if run_id is None and newest is not None and _mtime(entry) >= seen[newest][0]:
+            run_id = newest
         names.setdefault(NO_RUN_ID if run_id is None else alias.get(run_id, run_id), set()).add(name)
     runs = []
     for run_id, held in names.items():
@@ -135,7 +140,7 @@ def select_run(runs: list[Run], wanted: str | None, directory: str | os.PathLike
         if wanted not in (None, ALL_RUNS):
             raise ValueError(f"no run {wanted!r} in {directory}: it holds no run")
         return None
-    if wanted is None:  # files of no run (a merged trace written here, foreign traces) are never the default
+    if wanted is None:  # files of no run are older than every run with an id: never the default
         return next((run for run in runs if run.id != NO_RUN_ID), runs[0])
     exact = [run for run in runs if run.id == wanted]
     matches = exact or [run for run in runs if run.id.startswith(wanted)]
