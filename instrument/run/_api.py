@@ -19,7 +19,7 @@ from instrument import naming
 from instrument.config import ProfilerConfig
 from instrument.run._info import RunInfo
 from instrument.run._session import Session, start_session
-from instrument.run._stages import _Frame, drop_stage, opened_by, push_stage
+from instrument.run._stages import OUTSIDE_STEP, _Frame, drop_stage, opened_by, push_stage
 from instrument.run._state import STATE
 
 __all__ = [
@@ -67,8 +67,10 @@ def begin_step(step: int) -> bool:
     _check_step(step)
     session = STATE.session
     if session is None:
+        _before_configure("begin_step")
         return False
-    session.begin_step(step)
+    if not _open_step(session, step):
+        return False
     return bool(session.step_profiled)
 
 
@@ -81,6 +83,32 @@ def end_step(*, last: bool = False, failed: bool = False) -> None:
     session = STATE.session
     if session is not None:
         session.end_step(last=last, failed=failed)
+        session.leave_steps()
+
+
+def _open_step(session: Session, step: int) -> bool:
+    """Open step ``step`` of the run (a step below 1 is named once and not opened); whether it opened."""
+    if step < 1:
+        session.misuse(
+            OUTSIDE_STEP,
+            "instrument: profile_step(%d): RL steps count from 1 (steps=(1, 5) are the first and the fifth), so "
+            "step %d was not opened and nothing in it is recorded; number them from 1, "
+            "`for step in range(1, n + 1)`; training continues",
+            step,
+            step,
+        )
+        return False
+    session.enter_steps()
+    session.begin_step(step)
+    return True
+
+
+def _before_configure(what: str, stage: str | None = None) -> None:
+    """A call before ``configure()`` (the no-session branch): counted, named by ``configure()`` or at exit."""
+    state = STATE
+    if not state.early:
+        state.early_first = what if stage is None else f"{what} {stage!r}"
+    state.early += 1
 
 
 def finish() -> list[str]:
@@ -93,10 +121,9 @@ def finish() -> list[str]:
 
 
 def _check_step(step: int) -> None:
+    # A wrong type is a bug at the call, found at the first step; a number below 1 is named once and skipped.
     if isinstance(step, bool) or not isinstance(step, int):
         raise TypeError(f"'step' must be an int (1-based RL step): {step!r}")
-    if step < 0:
-        raise ValueError(f"'step' must be >= 0: {step}")
 
 
 class profiled_stage:  # noqa: N801 - reads as a function at call sites, like contextlib's helpers
@@ -137,7 +164,11 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
         # One object may be entered by several threads or tasks at once: what it pushed on this context's
         # stage stack is its own. Off a profiled step (and untimed) that is the object itself, as a marker.
         session = STATE.session
-        if not STATE.engaged or session is None:
+        if not STATE.engaged:
+            push_stage(self)
+            return self
+        if session is None:
+            _before_configure("stage", self.name)
             push_stage(self)
             return self
         frame, started = _stage_begins(session, self.name, self.scheduled, self.role)
@@ -233,7 +264,10 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
                         if spans is not None:
                             spans.append((key, step, started, ended, get_ident()))
             session = state.session
-            if session is None:
+            if session is None:  # not configured: counted (the first named), named once at configure() or exit
+                if not state.early:
+                    state.early_first = f"stage {name!r}"
+                state.early += 1
                 return func(*args, **kwargs)
             frame, began = _stage_begins(session, name, scheduled, role)
             try:
@@ -255,8 +289,11 @@ def _wrap_coroutine(func: Callable[..., Any], name: str, scheduled: bool, role: 
     @functools.wraps(func)
     async def stage_coroutine(*args: Any, **kwargs: Any) -> Any:
         try:  # free until something raises (zero-cost exceptions, Python >= 3.11): the OOM snapshot's hook
+            if not state.engaged:
+                return await func(*args, **kwargs)
             session = state.session
-            if not state.engaged or session is None:
+            if session is None:
+                _before_configure("stage", name)
                 return await func(*args, **kwargs)
             frame, started = _stage_begins(session, name, scheduled, role, concurrent=True)
             try:
@@ -276,8 +313,21 @@ def _stage_begins(
 ) -> tuple[_Frame | None, tuple[int, int] | None]:
     """A stage begins past the disabled check (any form): its frame on a profiled step; when it starts (and
     in which step) if metrics or the step timeline time it."""
-    frame = session.enter_stage(name, scheduled, concurrent=concurrent, role=role) if STATE.recording else None
+    if STATE.recording:
+        frame = session.enter_stage(name, scheduled, concurrent=concurrent, role=role)
+    else:
+        frame = None
+        if session.step is None:  # no step open: the calls of a correctly used run never come here
+            session.outside_step(f"stage {name!r}")
     return frame, ((perf_counter_ns(), STATE.step) if session.engaged else None)
+
+
+def _spans(session: Session) -> Any:
+    """The timeline's queue: the hot path's copy, or (no step open: the hot path's is cleared) the run's own."""
+    spans = STATE.spans
+    if spans is None and session.timeline is not None and not session.finished:
+        spans = session.timeline.pending
+    return spans
 
 
 def _stage_ends(session: Session, key: tuple[str, str | None, str], frame: _Frame | None, began: Any) -> None:
@@ -288,7 +338,7 @@ def _stage_ends(session: Session, key: tuple[str, str | None, str], frame: _Fram
         ended = perf_counter_ns()
         if session.metrics is not None:
             session.observe_stage(key[2], (ended - started) / 1e9)
-        spans = STATE.spans
+        spans = _spans(session)
         if spans is not None:
             spans.append((key, step, started, ended, get_ident()))
     if frame is not None:
@@ -319,7 +369,7 @@ class _Window:
         ended = perf_counter_ns()
         if self._session.metrics is not None:
             self._session.observe_stage("mini_batch", (ended - self._started) / 1e9)
-        spans = STATE.spans
+        spans = _spans(self._session)
         if spans is not None:
             spans.append((("window", None, f"mb{self.mini_batch}"), self._step, self._started, ended, get_ident()))
         if self._recording:
@@ -354,6 +404,7 @@ def profile_window(*, mini_batch: int) -> _Window | _Idle:
         return _IDLE
     session = STATE.session
     if session is None:
+        _before_configure("profile_window")
         return _IDLE
     return _Window(session, mini_batch)
 
@@ -374,8 +425,10 @@ class profile_step:  # noqa: N801 - a context manager read as a verb
 
     def __enter__(self) -> profile_step:
         session = STATE.session
-        if session is not None:
-            session.begin_step(self.step)
+        if session is None:
+            _before_configure("profile_step")
+        else:
+            _open_step(session, self.step)
         return self
 
     def __exit__(

@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 from instrument import recorders
+from instrument._warnings import WarnOnce
 from instrument.config import ProfilerConfig
 from instrument.run._state import STATE
 from instrument.run._triggers import TRIGGER_FILE
@@ -112,6 +113,8 @@ def _forget_parent_run() -> None:
     if session is not None:
         session.forget_after_fork()
     STATE.reset()  # the OOM hook is never closed here: its lock may have been held by another thread at fork
+    if session is not None:
+        STATE.engaged = False  # the parent's stages running on in the child are not calls "before configure()"
 
 
 os.register_at_fork(after_in_child=_forget_parent_run)
@@ -121,6 +124,25 @@ def _at_exit() -> None:
     session = STATE.session
     if session is not None:
         session.finish()
+
+
+_unconfigured = WarnOnce(logger)
+
+
+def _never_configured() -> None:
+    """At exit: a process that ran stages but never called ``configure()`` is told so, once."""
+    if STATE.session is None and STATE.early:
+        _unconfigured(
+            "never configured",
+            "instrument: %d stage calls (the first: %s) ran but this process never called configure(), so nothing "
+            'was recorded; call instrument.configure(instrument.ProfilerConfig(...), role="actor") in every '
+            "process before its first stage or step (docs/quickstart.md)",
+            STATE.early,
+            STATE.early_first,
+        )
+
+
+atexit.register(_never_configured)  # at import: a process that never configures installs no other hook
 
 
 def install_process_hooks() -> None:

@@ -436,7 +436,7 @@ class Session(StageTracing):
                 if STATE.session is self:
                     STATE.engaged, STATE.observers, STATE.spans = False, None, None
                     _stop_watching_out_of_memory()  # the run-long allocation history ends with the run
-            return [os.path.join(self.config.save_path, record.path) for record in self.records]
+            return [os.path.join(os.path.abspath(self.config.save_path), record.path) for record in self.records]
 
 
 # ---------------------------------------------------------------------- process-wide wiring
@@ -475,6 +475,16 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
     STATE.observers = None if session.metrics is None else session.metrics.observers
     STATE.spans = None if session.timeline is None else session.timeline.pending
     STATE.session = session
+    early, first, STATE.early, STATE.early_first = STATE.early, STATE.early_first, 0, None
+    session.leave_steps()  # no step open yet: a stage called now is named
+    if early:
+        session.misuse(
+            "before configure",
+            "instrument: %d stage calls (the first: %s) ran before configure(); they were not recorded — call "
+            "configure() first, before the first stage or step",
+            early,
+            first,
+        )
     if config.on_demand:
         install_usr1()
     install_process_hooks()

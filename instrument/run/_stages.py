@@ -19,13 +19,17 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+from instrument._warnings import WarnOnce
 from instrument.config import ProfilerConfig
 from instrument.recorders import FastRanges, Recorder, TraceSpec
 from instrument.run._state import STATE
 
-__all__ = ["StageTracing", "drop_stage", "innermost_frame", "opened_by", "push_stage"]
+__all__ = ["OUTSIDE_STEP", "StageTracing", "drop_stage", "innermost_frame", "opened_by", "push_stage"]
 
 logger = logging.getLogger(__name__)
+
+OUTSIDE_STEP = "outside a step"
+"""The misuse kind of work done while no step is open (a stage outside any step, a step numbered below 1)."""
 
 
 class _Frame:
@@ -107,9 +111,14 @@ class StageTracing:
     """Stage, window and trace-ownership methods of :class:`instrument.run._session.Session` (a mixin)."""
 
     config: ProfilerConfig
+    role: str
+    rank: int
     step: int | None
     step_profiled: bool
     metrics: Any
+    timeline: Any  # instrument.run._timeline.TimelineWriter, or None
+    finished: bool
+    _failures: WarnOnce
     _backend: Recorder | None
     _fast: FastRanges | None  # the backend, on a step where decorated calls open their own ranges
     _lock: threading.RLock
@@ -128,6 +137,43 @@ class StageTracing:
     _spec: Callable[..., TraceSpec]
     _acquire: Callable[[], int]
     _release: Callable[[int], None]
+
+    # ------------------------------------------------------------------ misuse, named once
+
+    def misuse(self, kind: str, message: str, *args: object) -> None:
+        """A mistake in the calling code: one warning per ``kind`` (repeats at debug), counted in ``failures``."""
+        self._failures(kind, message, *args)
+        if self.metrics is not None:
+            try:
+                self.metrics.failures.inc()
+            except Exception:  # a counter that fails must not make the warning raise
+                logger.debug("instrument: could not count a misuse in the metrics", exc_info=True)
+
+    def leave_steps(self) -> None:
+        """No step is open: decorated calls skip the hot path's shortcuts and reach the session (the cold path),
+        which names a stage called outside any step. A correctly used run calls no stage here: it pays nothing."""
+        if STATE.session is self and not self.finished and self.config.enable:
+            STATE.spans = STATE.observers = None
+            STATE.engaged = True
+
+    def enter_steps(self) -> None:
+        """A step opens: the hot path's shortcuts (the timeline's queue, the stage metrics' observers) are back."""
+        if STATE.session is self and not self.finished:
+            STATE.spans = None if self.timeline is None else self.timeline.pending
+            STATE.observers = None if self.metrics is None else self.metrics.observers
+            STATE.engaged = self.metrics is not None or self.timeline is not None
+
+    def outside_step(self, what: str) -> None:
+        """``what`` (``stage 'x'``, a window) ran while no step was open: named once."""
+        self.misuse(
+            OUTSIDE_STEP,
+            "instrument: %s ran outside any step (role %s, rank %s): no trace records it and no step counts its "
+            "time; wrap each training step in `with instrument.profile_step(step):` (or begin_step(step) / "
+            "end_step()); training continues",
+            what,
+            self.role,
+            self.rank,
+        )
 
     def _may_start(self, stage: str) -> bool:
         """Whether a new trace may open (caller holds the lock): not while ranges of a stopped one are open."""
@@ -252,6 +298,17 @@ class StageTracing:
     def enter_window(self, mini_batch: int) -> tuple[_Frame | None, Callable[[], None] | None]:
         """A mini-batch begins in this context's innermost stage: record its range."""
         frame = innermost_frame()
+        if frame is None and not STATE.fast and not _STAGES.get():  # no stage at all (none took the fast path)
+            self.misuse(
+                "window outside a stage",
+                "instrument: profile_window(mini_batch=%s) ran outside any stage at step %s (role %s, rank %s): no "
+                "stage's trace holds it and no schedule counts it; call it inside the @profiled_stage function (or "
+                "`with profiled_stage(...):` block) whose loop it marks; training continues",
+                mini_batch,
+                self.step,
+                self.role,
+                self.rank,
+            )
         backend = self._backend
         if backend is None:
             return frame, None

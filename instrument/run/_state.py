@@ -21,9 +21,24 @@ class _State:
     ``observers``: with stage metrics on, the same idea for unprofiled steps (time and observe).
     ``on_oom``: with ``memory.on_oom``, called as ``on_oom(exc, stage, role)`` by a stage an exception
     leaves (only then: the normal path never reads it).
+
+    ``early``: calls of stages, windows and steps made before ``configure`` (``early_first`` names the
+    first); ``configure`` or the interpreter's exit names them once.
     """
 
-    __slots__ = ("engaged", "fast", "fast_thread", "observers", "on_oom", "recording", "session", "spans", "step")
+    __slots__ = (
+        "early",
+        "early_first",
+        "engaged",
+        "fast",
+        "fast_thread",
+        "observers",
+        "on_oom",
+        "recording",
+        "session",
+        "spans",
+        "step",
+    )
 
     recording: bool
     engaged: bool
@@ -34,16 +49,24 @@ class _State:
     on_oom: Any  # instrument.recorders.memory.OomSnapshots, or None
     spans: Any  # collections.deque of span tuples, or None
     step: int
+    early: int
+    early_first: str | None
 
     def __init__(self) -> None:
         self.reset()
 
     def reset(self) -> None:
-        """Not configured: no run, nothing recorded, no fast path, observers, OOM hook or timeline (closes nothing)."""
+        """Not configured: no run, nothing recorded, no fast path, observers, OOM hook or timeline (closes nothing).
+
+        ``engaged`` is true: a call made before ``configure`` leaves the disabled path for the branch that finds
+        no session, where it is counted (a configured run sets its own flags).
+        """
         self.session = None
-        self.recording = self.engaged = False
+        self.recording = False
+        self.engaged = True
         self.fast = self.observers = self.on_oom = self.spans = None
-        self.fast_thread = self.step = 0
+        self.fast_thread = self.step = self.early = 0
+        self.early_first = None
 
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         # Decorated methods hold this object in their closure, and Ray pickles worker classes

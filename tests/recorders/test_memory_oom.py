@@ -157,7 +157,8 @@ def test_a_failing_dump_is_reported_and_the_oom_still_propagates(
 ) -> None:
     cuda.fail = True
     _configure(tmp_path)
-    with caplog.at_level(logging.WARNING, logger="instrument"):
+    # In a step (unprofiled): a stage outside any step would be named, a warning of its own.
+    with caplog.at_level(logging.WARNING, logger="instrument"), ins.profile_step(1):
         caught = _caught(ins.profiled_stage("update_actor")(_oom))
     assert isinstance(caught, torch.OutOfMemoryError) and caught.__context__ is None
     assert [r.getMessage() for r in caplog.records] == [
@@ -203,8 +204,9 @@ def test_without_cuda_one_warning_and_the_oom_propagates(tmp_path: Path, caplog:
     assert not torch.cuda.is_available()
     with caplog.at_level(logging.WARNING, logger="instrument"):
         _configure(tmp_path)
-        for _ in range(2):
-            assert isinstance(_caught(ins.profiled_stage("update_actor")(_oom)), torch.OutOfMemoryError)
+        for step in (1, 2):
+            with ins.profile_step(step):  # unprofiled: the OOM hook works on any step
+                assert isinstance(_caught(ins.profiled_stage("update_actor")(_oom)), torch.OutOfMemoryError)
     assert [r.getMessage() for r in caplog.records] == [
         "instrument: memory.on_oom needs CUDA, which is not available here; no memory snapshot is saved"
     ]

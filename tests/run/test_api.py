@@ -155,8 +155,7 @@ def test_configure_checks_ranks_and_role(tmp_path: Path) -> None:
 def test_profile_step_checks_its_step() -> None:
     with pytest.raises(TypeError, match="'step' must be an int"):
         ins.profile_step(1.0)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="'step' must be >= 0: -1"):
-        ins.profile_step(-1)
+    ins.profile_step(-1)  # a number below 1 is named once when the step opens (tests/run/test_misuse.py)
 
 
 def test_configure_again_after_finish_starts_a_new_run(tmp_path: Path) -> None:
