@@ -48,7 +48,8 @@ RUNS_PYTHON = {"python", "py"}
 RUNS_SHELL = {"console", "sh", "bash", "shell"}
 HANG_GUARD_S = 300  # only against a hang: the assertions are about exit status and output
 
-_FENCE = re.compile(r"^(\s*)(`{3,}|~{3,})\s*([^\s`{]*)")
+# As CommonMark: a backtick fence's info string holds no backtick (```` ```x ```` at a line's start is inline code).
+_FENCE = re.compile(r"^(\s*)(`{3,}(?=[^`]*$)|~{3,})\s*([^\s`{]*)")
 _MARK = re.compile(r"^\s*<!--\s*(not run|run)\s*:\s*(.*?)\s*-->\s*$")
 
 
@@ -85,7 +86,7 @@ def blocks_of(page: Path, text: str | None = None) -> list[Block]:
             continue
         indent, fence, lang = match.groups()
         end = i + 1
-        while end < len(lines) and not lines[end].strip().startswith(fence[0] * len(fence)):
+        while end < len(lines) and not re.fullmatch(rf"{re.escape(fence[0])}{{{len(fence)},}}", lines[end].strip()):
             end += 1
         body = textwrap.dedent(
             "\n".join(line[len(indent) :] if line.startswith(indent) else line for line in lines[i + 1 : end])
@@ -339,6 +340,7 @@ def test_the_rules_find_what_they_should() -> None:
         # a comment
         instrument plan --config broken.yaml
         ```
+        ```` ```python ```` in prose is no fence
         - a list item:
           ```python
           >>> 1 + 1
