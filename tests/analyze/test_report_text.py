@@ -20,6 +20,7 @@ from instrument.analyze import Report, analyze, render_text
 from instrument.analyze.analyzers._stats import step_totals
 from instrument.analyze.render import _tables as tables
 from instrument.analyze.render._text import DROPPED_FIRST, fit, shorten
+from instrument.analyze.render._timeline import step_rows
 from instrument.analyze.render._words import ms
 from instrument.manifest import Manifest
 from tests.analyze.test_analyze import BASE_US, known_run, sdk_trace
@@ -112,6 +113,9 @@ def test_every_number_is_whole_on_its_row_line(width: int, which: str, request: 
         assert f"left out for {width} columns: {', '.join(left_out)}" in " ".join(text.split())
     if width == 160:
         assert not left_out  # a wide terminal shows every column the report has
+    words = text.split()
+    for step, wall, *_ in step_rows(report):  # the per-step table above: its numbers whole too
+        assert wall in words and step in words
 
 
 def test_at_160_columns_no_label_is_cut(with_engine: Report) -> None:
@@ -190,6 +194,7 @@ def test_stages_are_in_the_order_they_ran(tmp_path: Path) -> None:
 
 
 def test_engine_rows_follow_the_generating_stage(with_engine: Report) -> None:
+    assert [row[0] for row in step_rows(with_engine)] == ["1", "2"]  # the order comes from the step timeline
     order = [(s.step, s.stage) for s in with_engine.pipeline]
     assert order == [
         (1, "generate_sequences"),
