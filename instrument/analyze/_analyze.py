@@ -278,7 +278,7 @@ def _timeline(
     report = analyze_timeline(spans, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0)
     if from_traces:  # said where the notes are read: the findings, the page and the JSON's clock
         said = " ".join(filter(None, (f"Step timeline {FROM_TRACES_NOTE}.", report.clock.note)))
-        report = replace(report, clock=replace(report.clock, note=said))
+        report = replace(report, source="traces", clock=replace(report.clock, note=said))
     return report, None, None if per_process is None else _lanes(per_process, on_axis.aligned)
 
 

@@ -174,8 +174,8 @@ def _read_json(path: Path, which: str) -> dict[str, Any]:
 
 def _timeline_rows(report: Report) -> Iterator[SpanRow] | None:
     """The timeline spans the analysis kept (its filters applied), as rows with their rank; ``None``: none."""
-    if report.timeline is None or report.timeline_spans is None:
-        return None
+    if report.timeline is None or report.timeline_spans is None or report.timeline.source == "traces":
+        return None  # a timeline from traces holds what the stage table does: compared as traces
     return (
         (kind, role, stage, step, lane.rank, start, end, thread)
         for lane in report.timeline_spans.lanes

@@ -201,6 +201,7 @@ class TimelineReport:
     steps: tuple[StepTimeline, ...]  # by step
     findings: tuple[Finding, ...]  # largest lost_ms first
     skipped_spans: int  # spans that end before they start, or of an unknown kind
+    source: str = "files"  # "traces": built from the traces' step and stage ranges (only the traced steps and ranks)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -208,6 +209,7 @@ class TimelineReport:
                 "clock": self.clock.to_json(),
                 "steps": [s.to_json() for s in self.steps],
                 "skipped_spans": self.skipped_spans,
+                "source": self.source,
             },
             "findings": [f.to_json() for f in self.findings],
         }

@@ -102,13 +102,14 @@ def test_continuous_sdk_traces_give_idle_waits_and_the_critical_path(
 ) -> None:
     save = _sdk_run(tmp_path, discrete=False)
     with_files = _json(save, capsys)
-    assert FROM_TRACES_NOTE not in (with_files["timeline"]["clock"]["note"] or "")  # timeline files win
+    assert with_files["timeline"]["source"] == "files"  # timeline files win
+    assert FROM_TRACES_NOTE not in (with_files["timeline"]["clock"]["note"] or "")
     _without_timelines(save)
     data = _json(save, capsys)
 
     timeline = data["timeline"]
     assert timeline["clock"]["aligned"] is True  # one host: one clock
-    assert FROM_TRACES_NOTE in timeline["clock"]["note"]
+    assert timeline["source"] == "traces" and FROM_TRACES_NOTE in timeline["clock"]["note"]
     assert [s["step"] for s in timeline["steps"]] == list(range(1, STEPS + 1))
     slow_ms, fast_ms = GENERATE_S[SLOW] * 1000, GENERATE_S[0] * 1000
     for step in timeline["steps"]:
@@ -224,10 +225,69 @@ def test_a_directory_with_neither_says_why(tmp_path: Path) -> None:
     assert "no step timeline" in report.timeline_note and NO_STEP_RANGES not in report.timeline_note
 
 
+# --------------------------------------------------------------------------- clocks, on exact timestamps
+
+BASE = 1_790_857_026_000_000_000
+
+
+def _ranked(path: Path, rank: int, host: str, base_ns: int, events: list[tuple[str, float, float]]) -> None:
+    """A trace as kineto writes it: the host and the base of its µs clock before the events."""
+    shift_us = (BASE - base_ns) / 1000  # the same instants, counted from another base
+    header = {
+        "schemaVersion": 1,
+        "distributedInfo": {"backend": "gloo", "rank": rank, "world_size": 2},
+        "host_name": host,
+        "baseTimeNanoseconds": base_ns,
+    }
+    body = [
+        {"ph": "X", "cat": "user_annotation", "name": name, "pid": 1, "tid": 1, "ts": ts + shift_us, "dur": dur}
+        for name, ts, dur in events
+    ]
+    path.write_text(json.dumps({**header, "traceEvents": body}), encoding="utf-8")
+
+
+def _two_ranks(directory: Path, second_host: str) -> Path:
+    """Step 1 is 100 ms on both ranks; rank 0 generates 80 ms, rank 1 generates 20 ms, then updates from
+    80.5 ms on: it waits 60.5 ms for rank 0. Rank 1's file counts from a base one second earlier."""
+    directory.mkdir()
+    _ranked(directory / "rank0.pt.trace.json", 0, "a", BASE, [("ProfilerStep#1", 0, 100_000), ("generate", 0, 80_000)])
+    steps: list[tuple[str, float, float]] = [
+        ("ProfilerStep#1", 0, 100_000),
+        ("generate", 0, 20_000),
+        ("update_actor", 80_500, 19_500),
+    ]
+    _ranked(directory / "rank1.pt.trace.json", 1, second_host, BASE - 10**9, steps)
+    return directory
+
+
+def test_traces_of_one_host_are_put_on_one_axis_by_their_base_time(tmp_path: Path) -> None:
+    report = analyze(_two_ranks(tmp_path / "one", second_host="a"), jobs=1)
+    assert report.timeline is not None and report.timeline.clock.aligned
+    [step] = report.timeline.steps
+    assert step.wall_ms == 100.0
+    rank1 = next(r for r in step.ranks if r.rank == 1)
+    assert (rank1.busy_ms, rank1.idle_ms) == (39.5, 60.5)
+    [wait] = rank1.waited_for
+    assert (wait.role, wait.stage, wait.rank, wait.ms) == ("unknown", "generate", 0, 60.5)
+    assert [(p.stage, p.rank) for p in step.critical_path if p.stage != "idle"] == [
+        ("generate", 0),
+        ("update_actor", 1),
+    ]
+
+
+def test_traces_of_different_hosts_are_not_aligned_and_keep_to_durations(tmp_path: Path) -> None:
+    report = analyze(_two_ranks(tmp_path / "two", second_host="b"), jobs=1)
+    timeline = report.timeline
+    assert timeline is not None and not timeline.clock.aligned
+    assert timeline.clock.note is not None and FROM_TRACES_NOTE in timeline.clock.note
+    [step] = timeline.steps
+    assert step.critical_path == () and all(r.waited_for == () for r in step.ranks)
+    assert {r.rank: r.idle_ms for r in step.ranks} == {0: 20.0, 1: 60.5}  # durations hold
+
+
 # --------------------------------------------------------------------------- the pure part, on exact ranges
 
 US = st.integers(min_value=0, max_value=10**9)
-BASE = 1_790_857_026_000_000_000
 
 
 @st.composite

@@ -242,6 +242,8 @@ def _timeline_from(side: RunSide, timeline: Any, ranks: Any | None, steps: Any |
         return
     if not isinstance(timeline, Mapping):
         raise ValueError("'timeline' must be an object or null")
+    if timeline.get("source") == "traces":  # only the traced steps and ranks: the traces' rows compare them
+        return
     clock = timeline.get("clock")
     aligned = bool(clock.get("aligned")) if isinstance(clock, Mapping) else False
     summary = TimelineSummary(steps=0, aligned=aligned, wall_ms=0.0)
