@@ -1,7 +1,10 @@
 """The terminal table of a :class:`~instrument.analyze.Report` (:func:`render_text`).
 
 ``rich`` is imported when a table is drawn, so importing ``instrument.analyze`` stays light; without
-``rich`` the tables are plain text. The cells come from :mod:`._tables`, as the page's do.
+``rich`` the tables are plain text. The cells come from :mod:`._tables`, as the page's do, in the order the
+stages ran (:attr:`~instrument.analyze.Report.pipeline`). Every table fits the terminal's width (:func:`fit`)
+without ever cutting or wrapping a number: headers break between words, names end in an ellipsis, the frame
+goes, then the least needed columns, each named under the table.
 """
 
 from __future__ import annotations
@@ -41,8 +44,8 @@ __all__ = ["DROPPED_FIRST", "Layout", "fit", "render_text", "shorten"]
 
 def render_text(report: Report, *, width: int | None = None, color: bool = False) -> str:
     """The findings and the per-step table when the run has a timeline, the stage table with a short summary
-    under it, then the GPU table when there is GPU work and the memory files when there are any: ``rich`` at
-    ``width`` columns (160 when ``None``), coloured only with ``color``; plain text without ``rich``."""
+    under it, then the GPU tables when there is GPU work and the memory files when there are any: ``rich``
+    fitted to ``width`` columns (160 when ``None``), coloured only with ``color``; plain text without ``rich``."""
     columns = headers(report)
     in_order = report.pipeline  # the order the stages ran, shared with the page and the picture
     rows = table_rows(report, in_order)
