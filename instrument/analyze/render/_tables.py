@@ -1,6 +1,7 @@
 """What the terminal table and the page show of a :class:`~instrument.analyze.Report`: the cells, as text.
 
-Three tables: the stages (one row per step x role x stage, in the order they ran: :func:`table_rows`),
+Three tables: the stages (one row per step x role x stage of the stages given, which the table and the page
+take from :attr:`~instrument.analyze.Report.pipeline`, the order they ran: :func:`table_rows`),
 GPU time per rank when the traces hold GPU work (:func:`gpu_rows`) and the memory files beside the
 traces (:func:`memory_rows`); then the lines under them (:func:`summary`). Every ratio in the stage table
 can be checked from figures on its row: when ranks are judged by work, the work figures are shown.
