@@ -2,7 +2,9 @@
 
 Exit status: 0 compared, 1 compared but some file was skipped by an analysis (one stderr line each), 2 bad
 arguments or input — a missing path, a run with no trace and no timeline, a JSON that is no analysis — or an
-output that could not be written: one line on stderr, never a traceback.
+output that could not be written: one line on stderr, never a traceback.  Of a save_path holding several
+runs the newest is compared (as ``instrument analyze`` reads it; ``instrument analyze DIR --run ID --json``
+makes an input of another one).
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ examples:
   instrument compare base/profile cand/profile --stage update_actor --steps 3-20 --min-change 10
   instrument compare base.json cand.json          # two `instrument analyze --json` outputs
   instrument compare base/profile cand/profile --json > diff.json
+
+Of a directory holding several runs the newest is compared; for another one:
+  instrument analyze cand/profile --run ID --json > cand.json
 
 Exit status: 0 compared, 1 some file skipped (named on stderr), 2 bad arguments or input.
 """

@@ -153,6 +153,19 @@ def test_the_library_analyses_the_newest_run_too(three_runs: tuple[Path, list[st
     assert analyze(save, run="all").files == 3
 
 
+def test_compare_reads_the_newest_run_of_a_directory(
+    three_runs: tuple[Path, list[str], list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save, _, _ = three_runs
+    base = tmp_path / "base"
+    real_run(base, "1,2", 3)
+    status = main(["compare", str(base), str(save), "--json"])
+    out, err = capsys.readouterr()
+    assert status == 0, err  # no duplicate from the older runs: each side is one run
+    assert "duplicate" not in err
+    assert json.loads(out)["overlap"]["common_ranks"] == ["0"]
+
+
 def test_an_id_given_in_the_environment_is_the_run_id(tmp_path: Path) -> None:
     first, _ = real_run(tmp_path, "1", INSTRUMENT_RUN_ID="job 42/a")
     second, _ = real_run(tmp_path, "1", TORCHELASTIC_RUN_ID="none", SLURM_JOB_ID="77", SLURM_STEP_ID="3")
