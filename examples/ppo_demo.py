@@ -379,15 +379,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         cfg, steps_total = prepare(args.config, args.overrides, args.num_steps, args.slow_step)
         slow_stage = None if args.slow_stage is None else parse_slow_stage(args.slow_stage)
-    except (ValueError, TypeError) as exc:
+        server = None
+        if args.metrics_port is not None:
+            if not 0 <= args.metrics_port <= 65535:
+                raise ValueError(f"'metrics_port' must be 0-65535: {args.metrics_port}")
+            from instrument.metrics import serve
+
+            cfg = attrs.evolve(cfg, metrics=True)
+            server = serve(args.metrics_port)
+    except (ValueError, TypeError, OSError) as exc:  # OSError: the port is taken
         print(f"{parser.prog}: error: {exc}", file=sys.stderr)
         return 2
-    server = None
-    if args.metrics_port is not None:
-        from instrument.metrics import serve
-
-        cfg = attrs.evolve(cfg, metrics=True)
-        server = serve(args.metrics_port)
     result = train(cfg, steps_total, seed=args.seed, slow_step=args.slow_step, slow_stage=slow_stage)
     if server is not None:
         host, port = server.server_address[:2]

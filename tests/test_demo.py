@@ -228,6 +228,7 @@ def test_command_line_defaults() -> None:
         ("contents: [gpu]\n", [], ["broken.yaml: 'contents' items must be among"]),
         ("steps: [1]\n", ["--num-steps", "0"], ["'num_steps' must be an int >= 1: 0"]),
         ("steps: [1]\n", ["--slow-step", "0"], ["'slow_step' must be >= 1: 0"]),
+        ("steps: [1]\n", ["--metrics-port", "70000"], ["'metrics_port' must be 0-65535: 70000"]),
     ],
 )
 def test_a_bad_config_is_one_line_and_exit_2_before_training(
