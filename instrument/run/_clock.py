@@ -144,6 +144,7 @@ class StoreClock:
         run = hashlib.sha1(save_path.encode("utf-8", "replace")).hexdigest()[:12]
         self._prefix = f"instrument/clock/{run}/{next(_generations)}"
         self._measured = False  # some estimate was recorded (a later failure is then no news)
+        self._one_clock = False  # on rank 0's clock (rank 0: every process is): nothing to measure at finish
         self._forgotten = False
 
     @classmethod
@@ -188,11 +189,16 @@ class StoreClock:
         deadline = time.monotonic() + wait_s
         keys = _Keys(self._store, f"{self._prefix}/{phase}", deadline)
         try:
+            if self._one_clock:  # only count this process in, so that rank 0 does not wait for it
+                if self._rank != 0:
+                    keys.add("arrived", 1)
+                return
             if self._rank == 0:
                 self._record(Sample(0, 0), "torch.distributed: the reference (rank 0)")
-                _serve(keys, self._host, self._world)
+                self._one_clock = _serve(keys, self._host, self._world) == 0
             else:
                 sample, how = _ask(keys, self._host)
+                self._one_clock = sample == Sample(0, 0)
                 self._record(sample, f"torch.distributed at {phase}: {how}")
         except Exception as exc:
             self._failed(phase, exc)
@@ -242,8 +248,11 @@ class _Keys:
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
-def _serve(keys: _Keys, host: str, world: int) -> None:
-    """Rank 0: answer each other host's round trips, one host at a time, until all have arrived or time is up."""
+def _serve(keys: _Keys, host: str, world: int) -> int | None:
+    """Rank 0: answer each other host's round trips, one host at a time, until all have arrived or time is up.
+
+    Returns how many hosts asked, once every process has arrived; ``None`` when time ran out first.
+    """
     keys.set("host0", host)
     ticket = 1
     while time.monotonic() < keys.deadline:
@@ -252,7 +261,7 @@ def _serve(keys: _Keys, host: str, world: int) -> None:
         except TimeoutError:
             # Leaders take their ticket before they count themselves arrived: when all have, no ticket is to come.
             if keys.add("arrived", 0) >= world - 1 and keys.add("tickets", 0) < ticket:
-                return
+                return ticket - 1
             continue
         keys.set(f"go/{ticket}", "")
         try:
@@ -262,6 +271,7 @@ def _serve(keys: _Keys, host: str, world: int) -> None:
         except TimeoutError as exc:  # that host's asker is gone: it reports its own failure
             logger.debug("instrument: clock round trips of ticket %d stopped: %s", ticket, exc)
         ticket += 1
+    return None
 
 
 def _ask(keys: _Keys, host: str) -> tuple[Sample, str]:
