@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -73,16 +74,14 @@ def three_runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str
     return save, ids, logs
 
 
-def _analysis(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, object], str]:
+def _analysis(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any], str]:
     status = main(["analyze", *args, "--json", "--no-png", "--quiet"])
     out, err = capsys.readouterr()
     return status, json.loads(out) if out.strip() else {}, err
 
 
-def _steps(data: dict[str, object]) -> set[int]:
-    stages = data["stages"]
-    assert isinstance(stages, list)
-    return {row["step"] for row in stages}
+def _steps(data: dict[str, Any]) -> set[int]:
+    return {row["step"] for row in data["stages"]}
 
 
 def test_every_line_of_a_run_names_the_run_and_runs_differ(three_runs: tuple[Path, list[str], list[str]]) -> None:
@@ -111,7 +110,6 @@ def test_analyze_shows_the_newest_run_and_names_the_others(
     assert _steps(data) == {1, 2}
     assert data["files"] == 2  # the newest run's two traces, none of the older ones'
     runs = data["runs"]
-    assert isinstance(runs, list)
     assert [r["id"] for r in runs] == ids[::-1]
     assert [r["selected"] for r in runs] == [True, False, False]
     assert all(r["files"] >= 3 and r["started"].endswith("Z") for r in runs)  # traces and a timeline each
@@ -126,13 +124,13 @@ def test_run_picks_an_older_run_or_every_run(
     status, data, err = _analysis(capsys, str(save), "--run", ids[1])
     assert status == 0, err
     assert _steps(data) == {1, 2, 3} and data["files"] == 3
-    assert [r["selected"] for r in data["runs"]] == [False, True, False]  # type: ignore[union-attr]
+    assert [r["selected"] for r in data["runs"]] == [False, True, False]
 
     status, data, err = _analysis(capsys, str(save), "--run", "all")
     assert status == 1  # today's behaviour: duplicates across runs are skipped, the first by path kept
     assert "duplicate" in err
     assert _steps(data) == {1, 2, 3} and data["files"] == 3
-    assert all(r["selected"] for r in data["runs"])  # type: ignore[union-attr]
+    assert all(r["selected"] for r in data["runs"])
 
 
 def test_an_unknown_run_exits_2_naming_the_runs_there(
@@ -212,7 +210,7 @@ def test_an_old_manifest_without_run_ids_is_one_run(tmp_path: Path) -> None:
 def test_time_runs_join_only_within_a_minute_and_one_world_size(
     stamps: list[tuple[float, str, int]],
 ) -> None:
-    seen = {f"run{i}": [started, source, world] for i, (started, source, world) in enumerate(stamps)}
+    seen: dict[str, list[Any]] = {f"run{i}": list(stamp) for i, stamp in enumerate(stamps)}
     alias = _joined(seen)
     for run_id, head in alias.items():
         started, source, world = seen[run_id]

@@ -7,6 +7,7 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -129,7 +130,9 @@ def _spawn(tmp_path: Path, name: str, configure_on_0: bool) -> Path:
 
     save = tmp_path / name
     save.mkdir()
-    context = mp.spawn(_rank, args=(str(save), str(tmp_path / f"{name}.rdv"), configure_on_0), nprocs=2, join=False)
+    rendezvous = str(tmp_path / f"{name}.rdv")
+    spawn: Any = mp.spawn  # type: ignore[attr-defined]
+    context = spawn(_rank, args=(str(save), rendezvous, configure_on_0), nprocs=2, join=False)
     assert context is not None
     guard = time.monotonic() + HANG_GUARD_S
     while not context.join(timeout=1):
@@ -152,3 +155,30 @@ def test_two_gloo_ranks_agree_on_one_id_through_the_store(tmp_path: Path) -> Non
     alone = _spawn(tmp_path, "alone", configure_on_0=False)
     (stamp,) = {r.run for r in read_manifests(alone) if r.run is not None}
     assert stamp is not None and stamp.source == "time"  # rank 1 waited for rank 0 in vain, then named it itself
+
+
+@pytest.mark.slow
+def test_a_ray_driver_and_its_actors_share_the_job_id() -> None:
+    ray = pytest.importorskip("ray")
+    ray.init(
+        num_cpus=1,
+        include_dashboard=False,
+        logging_level="ERROR",
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}},
+    )
+    try:
+
+        @ray.remote(num_cpus=0)
+        class Probe:
+            def stamp(self, rank: int) -> tuple[str, str]:
+                found = resolve_run_id(rank=rank, world_size=3, environ={})
+                return found.id, found.source
+
+        probes = [Probe.remote() for _ in range(2)]  # type: ignore[attr-defined]
+        stamps = ray.get([probe.stamp.remote(rank) for rank, probe in enumerate(probes, 1)], timeout=HANG_GUARD_S)
+        driver = resolve_run_id(rank=0, world_size=3, environ={})
+    finally:
+        ray.shutdown()
+    assert driver.source == "ray" and driver.id.startswith("ray-")
+    assert set(stamps) == {(driver.id, "ray")}
