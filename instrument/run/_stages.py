@@ -24,7 +24,15 @@ from instrument.config import ProfilerConfig
 from instrument.recorders import FastRanges, Recorder, TraceSpec
 from instrument.run._state import STATE
 
-__all__ = ["OUTSIDE_STEP", "StageTracing", "drop_stage", "innermost_frame", "opened_by", "push_stage"]
+__all__ = [
+    "OUTSIDE_STEP",
+    "StageTracing",
+    "drop_stage",
+    "innermost_frame",
+    "opened_by",
+    "push_stage",
+    "sees_every_step",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -107,6 +115,13 @@ def opened_by(owner: object) -> object:
     return None
 
 
+def sees_every_step(config: ProfilerConfig) -> bool:
+    """Whether every step of the run is opened, even under a Ray controller, which opens only the profiled
+    steps of a run without the timeline, stage metrics, a trigger or on-demand profiling (its ``_drives``):
+    only then is a stage with no step open a mistake (else it runs there by design, on the free path)."""
+    return config.enable and (config.timeline or config.metrics or config.trigger is not None or config.on_demand)
+
+
 class StageTracing:
     """Stage, window and trace-ownership methods of :class:`instrument.run._session.Session` (a mixin)."""
 
@@ -152,7 +167,7 @@ class StageTracing:
     def leave_steps(self) -> None:
         """No step is open: decorated calls skip the hot path's shortcuts and reach the session (the cold path),
         which names a stage called outside any step. A correctly used run calls no stage here: it pays nothing."""
-        if STATE.session is self and not self.finished and self.config.enable:
+        if STATE.session is self and not self.finished and sees_every_step(self.config):
             STATE.spans = STATE.observers = None
             STATE.engaged = True
 

@@ -10,12 +10,14 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import instrument as ins
 import instrument.testing
 from instrument.naming import TIMELINE_SUFFIX
+from instrument.run._state import STATE
 from instrument.testing import RecorderCall
 from instrument.timeline import read_timeline
 
@@ -115,12 +117,12 @@ def test_a_process_that_imports_but_calls_nothing_says_nothing(tmp_path: Path) -
 # ---------------------------------------------------------------------- 2. a stage outside any step
 
 
-@pytest.mark.parametrize("timeline", [True, False])
+@pytest.mark.parametrize("options", [{}, {"timeline": False, "on_demand": True}], ids=["timeline", "on_demand"])
 def test_a_stage_outside_any_step_is_named_once(
-    tmp_path: Path, warnings: pytest.LogCaptureFixture, timeline: bool
+    tmp_path: Path, warnings: pytest.LogCaptureFixture, options: dict[str, Any]
 ) -> None:
     with instrument.testing.capture() as calls:
-        config = ins.ProfilerConfig(save_path=str(tmp_path), steps=(1,), timeline=timeline)
+        config = ins.ProfilerConfig(save_path=str(tmp_path), steps=(1,), **options)
         run = ins.configure(config, role="actor", rank=0, world_size=1)
         assert [update_actor(i) for i in range(3)] == [1, 2, 3]  # forgot profile_step
         with ins.profiled_stage("rollout"):
@@ -136,6 +138,21 @@ def test_a_stage_outside_any_step_is_named_once(
         ins.finish()
     assert RecorderCall("start", "update_actor") in calls
     assert len(_warned(warnings)) == 1
+
+
+def test_without_timeline_metrics_or_triggers_a_stage_between_steps_stays_free(
+    tmp_path: Path, warnings: pytest.LogCaptureFixture
+) -> None:
+    # A Ray controller opens only the profiled steps of such a run: its workers' stages run between steps by design.
+    with instrument.testing.capture():
+        config = ins.ProfilerConfig(save_path=str(tmp_path), steps=(2,), timeline=False)
+        run = ins.configure(config, role="actor", rank=0, world_size=1)
+        assert not STATE.engaged  # the disabled path: nothing to see, nothing to pay
+        assert update_actor(1) == 2
+        with ins.profile_step(2):
+            update_actor(2)
+        assert not STATE.engaged and update_actor(3) == 4
+    assert _warned(warnings) == [] and run.failures == 0
 
 
 def test_a_stage_between_steps_with_the_timeline_keeps_its_span(tmp_path: Path) -> None:
