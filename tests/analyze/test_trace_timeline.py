@@ -285,6 +285,22 @@ def test_traces_of_different_hosts_are_not_aligned_and_keep_to_durations(tmp_pat
     assert {r.rank: r.idle_ms for r in step.ranks} == {0: 20.0, 1: 60.5}  # durations hold
 
 
+def test_forged_clocks_and_steps_are_left_out_of_the_timeline_without_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = _two_ranks(tmp_path / "run", second_host="a")
+    forged = json.loads((directory / "rank1.pt.trace.json").read_text(encoding="utf-8"))
+    forged["baseTimeNanoseconds"] = 10**30  # no clock counts from there: read as 0
+    forged["traceEvents"] += [
+        {"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{2**40}", "pid": 1, "tid": 1, "ts": 0, "dur": 1},
+        {"ph": "X", "cat": "user_annotation", "name": "generate", "pid": 1, "tid": 1, "ts": 1e300, "dur": 1},
+    ]
+    (directory / "rank1.pt.trace.json").write_text(json.dumps(forged), encoding="utf-8")
+    data = _json(directory, capsys)
+    assert [s["step"] for s in data["timeline"]["steps"]] == [1]
+    assert cli.main(["analyze", str(directory), "--no-png", "--quiet", "--html", str(tmp_path / "a.html")]) == 0
+
+
 # --------------------------------------------------------------------------- the pure part, on exact ranges
 
 US = st.integers(min_value=0, max_value=10**9)

@@ -26,6 +26,7 @@ Only what was traced is there: the profiled steps and ranks, the traced stages (
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,8 @@ NO_STEP_RANGES = (
 )
 _ENGINE_STAGES = frozenset({"engine", "frontend"})
 _UNKNOWN_HOST = ""
+_MAX_STEP = 1 << 32
+_MAX_NS = 1 << 62  # what a signed 64-bit column holds, with room for the differences taken from it
 
 
 @dataclass
@@ -66,7 +69,20 @@ class _Process:
 
 def _base_ns(header: dict[str, Any]) -> int:
     base = header.get("baseTimeNanoseconds")
-    return base if isinstance(base, int) and not isinstance(base, bool) and base >= 0 else 0
+    return base if isinstance(base, int) and not isinstance(base, bool) and 0 <= base < _MAX_NS else 0
+
+
+def _step(step: int | None) -> bool:
+    """A step a timeline can hold (a u32, as timeline files write it)."""
+    return step is not None and 0 <= step < _MAX_STEP
+
+
+def _range(base: int, start_us: float, end_us: float) -> tuple[int, int] | None:
+    """``(start, end)`` in ns on the host's clock; ``None`` for a range no clock could give (forged)."""
+    if not (math.isfinite(start_us) and math.isfinite(end_us)) or end_us < start_us:
+        return None
+    start, end = base + round(start_us * 1000), base + round(end_us * 1000)
+    return (start, end) if start > -_MAX_NS and end < _MAX_NS else None
 
 
 def _host(header: dict[str, Any], path: str) -> str:
@@ -107,18 +123,19 @@ class TraceSpans:
                 trace.role, trace.rank, trace.worker, host, _pid(trace.path), trace.world_size or 0, trace.path
             )
 
-        def ns(us: float) -> int:
-            return base + round(us * 1000)
-
         for number, start, end in scan.step_ranges:
-            process.steps[number] = (ns(start), ns(end))
-        whole = not scan.step_ranges and (trace.continuous or trace.inside)  # the file is its step: the
-        if whole and trace.step is not None and scan.extent is not None:  # profiler ran from its start to its end
-            process.steps[trace.step] = (ns(scan.extent[0]), ns(scan.extent[1]))
+            if _step(number) and (kept := _range(base, start, end)) is not None:
+                process.steps[number] = kept
+        # a file that is its step: the profiler ran from its start to its end
+        whole = not scan.step_ranges and (trace.continuous or trace.inside) and scan.extent is not None
+        if whole and trace.step is not None and _step(trace.step) and scan.extent is not None:
+            kept = _range(base, *scan.extent)
+            if kept is not None:
+                process.steps[trace.step] = kept
         for name, inside, start, end in scan.stage_ranges:
             step = trace.step if inside is None else inside
-            if step is not None and end >= start:
-                process.stages.append((name, step, ns(start), ns(end)))
+            if step is not None and _step(step) and (kept := _range(base, start, end)) is not None:
+                process.stages.append((name, step, *kept))
 
     def timelines(self) -> list[Timeline]:
         """One timeline per process, with the steps that hold a traced stage; empty when none does."""
