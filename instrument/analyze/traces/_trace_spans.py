@@ -19,7 +19,8 @@ the timeline analysis reads as it reads timeline files. No file is read a second
 - **Clocks.** Kineto writes an event's ``ts`` in µs after the header's ``baseTimeNanoseconds`` (ns of the
   wall clock; absent in older traces: ``ts`` is then the time itself), and the host before the events
   (``host_name``). Traces of one host share its clock; another host's are not aligned to it (no estimate
-  of the offset is recorded in a trace), so the analysis keeps to durations there.
+  of the offset is recorded in a trace), so the analysis keeps to durations there. A range no clock could
+  give (not finite, past a signed 64-bit ns) and a step past a u32 (what timeline files hold) are left out.
 
 Only what was traced is there: the profiled steps and ranks, the traced stages (:data:`FROM_TRACES_NOTE`).
 """
