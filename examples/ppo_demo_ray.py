@@ -185,7 +185,9 @@ def _summary(result: RayDemoResult, cfg: ProfilerConfig) -> list[str]:
         lines.append(f"archive   {demo.shown(result.archive)} (written by the finish hook)")
     elif cfg.active and cfg.finish_hook is not None:
         lines.append(f"archive   (no new {demo.ARCHIVE_NAME} next to save_path: the hook writes elsewhere or failed)")
-    lines.append(f"workers   {result.workers} Ray actors driven, each once per profiled step")
+    # The step timeline, metrics, triggers and on-demand profiling need every step's boundaries on the workers.
+    every = (cfg.timeline and cfg.enable) or cfg.metrics or cfg.trigger is not None or cfg.on_demand
+    lines.append(f"workers   {result.workers} Ray actors driven, each once per {'step' if every else 'profiled step'}")
     sync = "equal weights" if result.in_sync else "DIFFERENT weights (the all-reduce failed)"
     lines.append(f"ranks     {sync} within each group after the last update")
     for failure in result.failures:

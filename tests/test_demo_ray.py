@@ -153,6 +153,7 @@ def test_output_names_who_profiled_and_where_the_files_are(ray_demo: tuple[RayDe
     assert result.archive is not None and str(result.archive) in text
     assert all(p.name in text for p in result.traces)
     assert "failure" not in text
+    assert "Ray actors driven, each once per step" in text  # the step timeline drives every step
     print(f"ray demo: {NUM_STEPS} steps, 4 workers, in {elapsed:.1f} s")
 
 
