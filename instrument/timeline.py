@@ -17,6 +17,11 @@ the clock origin), then records, each starting with a one-byte tag:
 
 Times are ``time.perf_counter_ns()`` values (``CLOCK_MONOTONIC`` on Linux: every process of a
 host reads the same clock); the header's ``clock`` pairs one such value with ``time.time_ns()``.
+
+Read back, a file's spans are columns (:class:`SpanColumns`: ~24 bytes a span against ~150 as
+:class:`Span` objects, filled from runs of span records by strided copies, no Python step per
+record), and the spans of many files a :class:`SpanTable` (each file's columns with the shift that
+puts them on a common clock); both are sequences of :class:`Span`, made one at a time when read.
 """
 
 from __future__ import annotations
