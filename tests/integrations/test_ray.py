@@ -275,3 +275,24 @@ def test_a_worker_on_another_host_gets_its_clock_and_the_controller_records_its_
     assert clock["aligned"] is True
     assert clock["max_uncertainty_ms"] == pytest.approx(estimate.uncertainty_ns / 1e6, abs=1e-3)
     assert align([replace(t, clocks=()) for t in timelines]).aligned is False  # without it: unaligned
+
+
+def test_a_driver_that_configured_itself_keeps_one_timeline_and_gets_the_clock(
+    ray_cluster: None, tmp_path: Path
+) -> None:
+    save = tmp_path / "profile"
+    cfg = ins.ProfilerConfig(save_path=str(save), tool="none")
+    ins.configure(cfg, role="trainer", rank=0, world_size=1)  # the driver's own run: no second timeline
+    actors = [ActorWorker.remote(cfg, rank, 2) for rank in range(2)]  # type: ignore[attr-defined]
+    ctl = ProfileController(cfg, groups={"actor": actors})
+    for step in (1, 2):
+        with ins.profile_step(step), ctl.step(step):
+            ray.get([a.update_actor.remote(1) for a in actors], timeout=HANG_GUARD_S)
+    ctl.finish()
+    ins.finish()
+    assert ctl.manifest_path is None and ctl.clock_failures == 0
+    timelines, _ = find_timelines(save)
+    assert sorted((t.role, t.rank) for t in timelines) == [("actor", 0), ("actor", 1), ("trainer", 0)]
+    driver = next(t for t in timelines if t.role == "trainer")
+    assert [(s.kind, s.step) for s in driver.spans] == [("step", 1), ("step", 2)]
+    assert {(c.offset_ns, c.uncertainty_ns) for c in driver.clocks} == {(0, 0)}  # the reference's host
