@@ -34,7 +34,7 @@ from instrument.analyze.analyzers._fold import Filters, Fold
 from instrument.analyze.analyzers._snapshots import find_memory_files
 from instrument.analyze.analyzers._stats import compare
 from instrument.analyze.analyzers._timeline import TimelineReport, analyze_timeline
-from instrument.analyze.traces._discover import discover, find_runs, select_run
+from instrument.analyze.traces._discover import ALL_RUNS, Run, discover, find_runs, select_run
 from instrument.analyze.traces._names import worker_label
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
 from instrument.analyze.traces._timelines import align, find_timelines
@@ -130,15 +130,16 @@ def analyze(
     jobs: int | None = None,
     progress: ReadProgress | None = None,
     ray: str | bool | None = None,
-    run: str | None = None,
+    run: str | Run | None = None,
     strict: bool = False,
 ) -> Report:
     """Analyse the traces in ``path`` (a ``save_path``).
 
-    ``run``: which run of ``path`` (see ``docs/analyze.md``, Runs): ``None`` the newest, an id (or a unique
-    start of one) that run, ``"all"`` every file. ``strict``: raise :class:`NothingMatchedError` (a
-    ``ValueError``) when the filters keep nothing, or ``path`` holds no trace, instead of an empty report.
-    A filter naming values partly absent gets a note in :attr:`Report.notes`.
+    ``run``: which run of ``path`` (see ``docs/analyze.md``, Runs): ``None`` the newest; an id (or a unique
+    start of one), or a :class:`~.traces._discover.Run` found before: that run; ``"all"`` every file.
+    ``strict``: raise :class:`~._selection.NothingMatchedError` (a ``ValueError``) when the filters keep
+    nothing, or ``path`` holds no trace, instead of an empty report. A filter naming values partly absent
+    gets a note in :attr:`Report.notes`.
 
     ``ranks`` / ``steps`` / ``stages`` keep only those (``stages`` compares labels the way file names
     write them, so ``update_actor`` and ``update-actor`` are the same); ``ranks=None`` keeps every rank
@@ -171,7 +172,8 @@ def analyze(
         raise ValueError(f"'jobs' must be an int >= 1: {jobs!r}")
 
     found, skipped = discover(root)
-    selection = Selection(select_run(find_runs(root), run, root))  # ValueError naming the runs for an unknown id
+    chosen = run if isinstance(run, Run) else None if run == ALL_RUNS else select_run(find_runs(root), run, root)
+    selection = Selection(chosen)  # above: ValueError naming the runs for an unknown id
     found = [trace for trace in found if selection.keeps(trace.path)]
     selection.add_files(found)
     unique = _without_duplicates(_identified(found, filters, skipped), skipped)

@@ -296,7 +296,7 @@ def _runs(args: argparse.Namespace) -> tuple[list[Run], Run | None]:
         return [], None
 
 
-def _analysed(args: argparse.Namespace, ray: str | bool | None) -> Report | int:
+def _analysed(args: argparse.Namespace, ray: str | bool | None, chosen: Run | None) -> Report | int:
     """The analysis, or the exit status of its failure (said on stderr; nothing written)."""
     reading = _Reading(quiet=args.quiet or args.json)
     try:
@@ -309,7 +309,7 @@ def _analysed(args: argparse.Namespace, ray: str | bool | None) -> Report | int:
                 jobs=args.jobs,
                 progress=reading,
                 ray=ray,
-                run=getattr(args, "run", None),
+                run=chosen or getattr(args, "run", None),  # the run found here: its manifests are not read again
                 strict=True,
             )
         finally:
@@ -333,7 +333,7 @@ def main_from_args(args: argparse.Namespace) -> int:
     if getattr(args, "layout", None):
         return _export(args)
     runs, chosen = _runs(args)
-    report = _analysed(args, ray)
+    report = _analysed(args, ray, chosen)
     if isinstance(report, int):
         return report
     said = runs_line(runs, chosen)

@@ -62,10 +62,27 @@ def _clean(raw: object) -> str | None:
     return _UNSAFE.sub("-", text)[:_MAX_LEN].strip("-.") or None
 
 
+def _after_fork() -> None:
+    global _lock
+    _lock = threading.Lock()  # another thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
 def resolve_run_id(*, rank: int, world_size: int, environ: Mapping[str, str] | None = None) -> RunStamp:
     """This process's run: its id agreed with the job's other processes (see the module), never raising."""
-    env = os.environ if environ is None else environ
     started = time.time()
+    try:
+        return _resolve(rank, world_size, os.environ if environ is None else environ, started)
+    except Exception as exc:  # an odd host name, an environment that raises: this process names the run
+        logger.warning(
+            "instrument: cannot name the run (%s: %s); this process names it by itself", type(exc).__name__, exc
+        )
+        return RunStamp(f"pid{os.getpid()}-{int(started)}", "process", started)
+
+
+def _resolve(rank: int, world_size: int, env: Mapping[str, str], started: float) -> RunStamp:
     for name, source in ((RUN_ID_ENV, "env"), ("TORCHELASTIC_RUN_ID", "torchelastic")):
         found = _clean(env.get(name, ""))
         if found is not None:
