@@ -6,7 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from instrument.analyze._intervals import IntRanges
+from instrument.analyze._selection import _without
 from instrument.cli import main
 from tests.analyze.test_runs import real_run
 
@@ -110,3 +114,14 @@ def test_a_directory_whose_traces_cannot_be_read_names_them_then_exits_2(
     assert lines[0].startswith(f"instrument analyze: skipped {tmp_path / 'broken.json'}: ")
     assert lines[1].endswith("none of its 1 trace files could be read (each named above)")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["broken.json"]
+
+
+@given(
+    st.lists(st.tuples(st.integers(0, 60), st.integers(0, 20)), min_size=1, max_size=5),
+    st.sets(st.integers(0, 90), max_size=20),
+)
+def test_the_absent_values_are_exactly_those_asked_and_not_there(asked: list[tuple[int, int]], there: set[int]) -> None:
+    ranges = IntRanges((first, first + length) for first, length in asked)
+    gone = _without(ranges, there)
+    expected = IntRanges.of(v for v in ranges if v not in there)
+    assert gone == str(expected)
