@@ -56,7 +56,9 @@ CONFIGURE_WAIT_S = 120.0
 FINISH_WAIT_S = 10.0
 """``finish`` waits at most this long for the exchange at the end of the run."""
 _ROUND_TRIP_WAIT_S = 5.0  # one request or answer that takes longer: that peer is gone
-_POLL_S = 0.5  # rank 0 looks this often whether every process has arrived
+# Rank 0 looks for a new asker this often, backing off: it never waits on a key that may not come, since a
+# TCPStore logs a warning for every wait that times out.
+_POLL_FIRST_S, _POLL_MAX_S = 0.001, 0.2
 _generations = itertools.count()  # runs of this process: keys of a reused store never mix
 
 Report = Callable[[str, BaseException], None]
@@ -191,13 +193,13 @@ class StoreClock:
         try:
             if self._one_clock:  # only count this process in, so that rank 0 does not wait for it
                 if self._rank != 0:
-                    keys.add("arrived", 1)
+                    _arrive(keys, self._world)
                 return
             if self._rank == 0:
                 self._record(Sample(0, 0), "torch.distributed: the reference (rank 0)")
                 self._one_clock = _serve(keys, self._host, self._world) == 0
             else:
-                sample, how = _ask(keys, self._host)
+                sample, how = _ask(keys, self._host, self._world)
                 self._one_clock = sample == Sample(0, 0)
                 self._record(sample, f"torch.distributed at {phase}: {how}")
         except Exception as exc:
@@ -243,6 +245,10 @@ class _Keys:
         except Exception as exc:  # the store says timeout in its own words (DistStoreError, RuntimeError)
             raise TimeoutError(f"no {name!r} in the store within {left:.1f} s ({type(exc).__name__}: {exc})") from exc
 
+    def check(self, name: str) -> bool:
+        """Whether ``name`` is set (never waits)."""
+        return bool(self.store.check([self.key(name)]))
+
     def get(self, name: str) -> str:
         value = self.store.get(self.key(name))
         return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
@@ -254,15 +260,16 @@ def _serve(keys: _Keys, host: str, world: int) -> int | None:
     Returns how many hosts asked, once every process has arrived; ``None`` when time ran out first.
     """
     keys.set("host0", host)
-    ticket = 1
+    ticket, pause = 1, _POLL_FIRST_S
     while time.monotonic() < keys.deadline:
-        try:
-            keys.wait(f"ticket/{ticket}", _POLL_S)
-        except TimeoutError:
-            # Leaders take their ticket before they count themselves arrived: when all have, no ticket is to come.
-            if keys.add("arrived", 0) >= world - 1 and keys.add("tickets", 0) < ticket:
+        if not keys.check(f"ticket/{ticket}"):
+            # Askers take their ticket before they count themselves arrived: once all have, no ticket is to come.
+            if keys.check("all") and keys.add("tickets", 0) < ticket:
                 return ticket - 1
+            time.sleep(pause)
+            pause = min(2 * pause, _POLL_MAX_S)
             continue
+        pause = _POLL_FIRST_S
         keys.set(f"go/{ticket}", "")
         try:
             for i in range(ROUND_TRIPS):
@@ -274,14 +281,20 @@ def _serve(keys: _Keys, host: str, world: int) -> int | None:
     return None
 
 
-def _ask(keys: _Keys, host: str) -> tuple[Sample, str]:
+def _arrive(keys: _Keys, world: int) -> None:
+    """Count this process in; the last of the other ranks says so (rank 0 stops looking for askers)."""
+    if keys.add("arrived", 1) >= world - 1:
+        keys.set("all", "")
+
+
+def _ask(keys: _Keys, host: str, world: int) -> tuple[Sample, str]:
     """Another rank: this host's estimate (measured here or by a host-mate; zero on rank 0's host) and how."""
     keys.wait("host0")
     if keys.get("host0") == host:
-        keys.add("arrived", 1)
+        _arrive(keys, world)
         return Sample(0, 0), "same host as rank 0 (one clock)"
     if keys.add(f"on/{host}", 1) > 1:  # a host-mate measures for this host
-        keys.add("arrived", 1)
+        _arrive(keys, world)
         keys.wait(f"estimate/{host}")
         answer = keys.get(f"estimate/{host}")
         if answer == "failed":
@@ -290,7 +303,7 @@ def _ask(keys: _Keys, host: str) -> tuple[Sample, str]:
         return Sample(uncertainty, offset), "store round trip by a process of this host"
     ticket = keys.add("tickets", 1)
     keys.set(f"ticket/{ticket}", host)
-    keys.add("arrived", 1)
+    _arrive(keys, world)
     try:
         keys.wait(f"go/{ticket}")
         samples = []
