@@ -171,6 +171,9 @@ def test_the_analysis_that_make_demo_ray_ends_with_starts_with_findings(
     data = json.loads(subprocess.run([*command, "--json"], capture_output=True, text=True, check=True).stdout)
     assert data["findings"] and all(f["text"] for f in data["findings"])
     assert data["timeline"]["clock"]["aligned"] is True  # one host: one clock; every worker has its estimate too
+    # The controller's timeline is of the same run as the workers' (its manifest names the Ray job's run).
+    lanes = {(r["role"], r["rank"]) for step in data["timeline"]["steps"] for r in step["ranks"]}
+    assert (CONTROLLER_ROLE, 0) in lanes and len(lanes) == 2 * WORLD_SIZE + 1
 
 
 @pytest.mark.slow

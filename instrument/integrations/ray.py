@@ -39,6 +39,7 @@ from instrument.config import ProfilerConfig
 from instrument.manifest import Manifest
 from instrument.recorders.nsys import nsys_runtime_env
 from instrument.run._clock import ROUND_TRIPS, Sample, relative, reported_host, round_trip
+from instrument.run._run_id import resolve_run_id
 from instrument.run._session import STATE, is_last_step
 from instrument.run._timeline import TimelineWriter
 
@@ -174,7 +175,8 @@ class ProfileController:
         session = STATE.session
         self._driver_run = session if session is not None and not session.finished else None
         if config.timeline and config.enable and self._driver_run is None:
-            self._manifest = Manifest(config.save_path)
+            # The Ray job names the run, as it does for the workers: the analysis reads this manifest with theirs.
+            self._manifest = Manifest(config.save_path, run=resolve_run_id(rank=0, world_size=1))
             self._timeline = TimelineWriter(
                 config.save_path,
                 role=CONTROLLER_ROLE,

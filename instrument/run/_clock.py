@@ -134,30 +134,31 @@ def _default_store() -> tuple[Any, int, int] | None:
 class StoreClock:
     """The clock exchange of one run through torch.distributed's store, at ``configure`` and at ``finish``.
 
-    Keys live under ``instrument/clock/{run}/{generation}/{phase}/``: ``run`` hashes ``save_path``,
+    Keys live under ``instrument/clock/{run}/{generation}/{phase}/``: ``run`` hashes the run's name (its id and
+    ``save_path``),
     ``generation`` counts this process's runs, so a reused store or two runs in one job never mix.
     """
 
-    def __init__(self, store: Any, *, rank: int, world_size: int, save_path: str, add_clock: AddClock,
+    def __init__(self, store: Any, *, rank: int, world_size: int, run: str, add_clock: AddClock,
                  report: Report) -> None:  # fmt: skip
         self._store, self._rank, self._world = store, rank, world_size
         self._add_clock, self._report = add_clock, report
         self._host = reported_host()
-        run = hashlib.sha1(save_path.encode("utf-8", "replace")).hexdigest()[:12]
+        run = hashlib.sha1(run.encode("utf-8", "replace")).hexdigest()[:12]
         self._prefix = f"instrument/clock/{run}/{next(_generations)}"
         self._measured = False  # some estimate was recorded (a later failure is then no news)
         self._one_clock = False  # on rank 0's clock (rank 0: every process is): nothing to measure at finish
         self._forgotten = False
 
     @classmethod
-    def start(cls, *, save_path: str, add_clock: AddClock, report: Report) -> StoreClock | None:
+    def start(cls, *, run: str, add_clock: AddClock, report: Report) -> StoreClock | None:
         """Start the exchange at ``configure`` when torch.distributed runs with more than one rank; never raises."""
         try:
             found = _default_store()
             if found is None or _in_ray_actor():
                 return None
             store, rank, world = found
-            clock = cls(store, rank=rank, world_size=world, save_path=save_path, add_clock=add_clock, report=report)
+            clock = cls(store, rank=rank, world_size=world, run=run, add_clock=add_clock, report=report)
             threading.Thread(
                 target=clock._run, args=("configure", CONFIGURE_WAIT_S), name="instrument-clock", daemon=True
             ).start()

@@ -468,7 +468,7 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
     session.watch_out_of_memory()
     if session.timeline is not None:
         session.clock = StoreClock.start(
-            save_path=config.save_path, add_clock=session.timeline.add_clock, report=session._fail
+            run=f"{session.run_id.id} {config.save_path}", add_clock=session.timeline.add_clock, report=session._fail
         )
     STATE.recording, STATE.fast, STATE.step = False, None, 0
     STATE.engaged = session.engaged
