@@ -3,7 +3,9 @@
 Measures, each in a fresh process and as the median of ``--repeat`` runs (default 3, interleaved):
 
   a. ``python -m instrument analyze DIR --json --no-png`` (this project's venv): the full analysis,
-     every step x stage x rank (``--png`` adds the picture), and
+     every step x stage x rank and the step-timeline view (built from the traces' step and stage
+     ranges when the set has no timeline file: idle, waits, critical path, findings; ``--png`` adds
+     the picture), and
   b. HTA: ``TraceAnalysis(trace_dir=DIR)`` (load) plus ``get_temporal_breakdown()``; on CPU-only
      traces that fails, the reason is recorded and ``get_gpu_user_annotation_breakdown(
      use_gpu_annotation=False)`` runs instead (the one breakdown HTA computes without GPU events).
@@ -303,6 +305,15 @@ def _ours_summary(run: Run) -> str:
         f"JSON ok ({len(run.stdout) / 1e3:.0f} kB): {len(rows)} (step, stage) rows = {len(steps)} steps x "
         f"{len(stages)} stages, {cells} per-rank cells, ranks {data.get('ranks')}, {data.get('events'):,} events",
     ]
+    timeline = data.get("timeline")
+    if isinstance(timeline, dict):  # the step-timeline view, from timeline files or (this set) the traces
+        findings = data.get("findings") or []
+        lines.append(
+            f"    timeline: {len(timeline['steps'])} steps, aligned {timeline['clock']['aligned']}, "
+            f"{len(findings)} findings; first: {findings[0]['text'] if findings else '-'}"
+        )
+    else:
+        lines.append(f"    timeline: none ({data.get('timeline_note')})")
     for stage in stages:  # who is named slowest, per stage, over the steps
         named: dict[object, int] = {}
         for row in rows:
