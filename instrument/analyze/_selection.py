@@ -18,7 +18,7 @@ from instrument.analyze._intervals import IntRanges
 from instrument.analyze._model import Skipped, StageStats, TraceFile, label_key
 from instrument.analyze.analyzers._fold import Filters
 from instrument.analyze.traces._discover import NO_RUN_ID, Run
-from instrument.timeline import Timeline
+from instrument.timeline import SpanColumns, Timeline
 
 __all__ = ["NothingMatchedError", "Selection"]
 
@@ -65,10 +65,16 @@ class Selection:
         """Every rank, step and stage the timeline files hold (read before the filters)."""
         for timeline in timelines:
             self.ranks.add(timeline.rank)
-            for span in timeline.spans:
-                self.steps.add(span.step)
-                if span.kind != "step":
-                    self.stages.setdefault(label_key(span.stage), span.stage)
+            spans = timeline.spans
+            if isinstance(spans, SpanColumns):  # the columns themselves: no span object made (millions at scale)
+                self.steps.update(spans.step)
+                labels = {spans.names[i] for i in set(spans.name)}
+            else:
+                self.steps.update(span.step for span in spans)
+                labels = {(span.kind, span.role, span.stage) for span in spans}
+            for kind, _role, stage in labels:
+                if kind != "step":
+                    self.stages.setdefault(label_key(stage), stage)
 
     def add_read(self, stages: Iterable[StageStats]) -> None:
         """What reading found inside the files (continuous traces' stages, steps inside foreign traces)."""
