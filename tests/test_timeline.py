@@ -28,7 +28,7 @@ from instrument.timeline import (
 
 HEADER = encode_header(role="actor", rank=3, world_size=8, host="node1", pid=42, mono_ns=1_000, wall_ns=2_000)
 
-labels = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=20)
+labels = st.text(st.characters(codec="utf-8"), min_size=1, max_size=20)
 spans = st.lists(
     st.tuples(
         st.sampled_from(KINDS),
