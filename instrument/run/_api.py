@@ -109,6 +109,7 @@ def _before_configure(what: str, stage: str | None = None) -> None:
     if not state.early:
         state.early_first = what if stage is None else f"{what} {stage!r}"
     state.early += 1
+    state.engaged = False  # the first is enough to name it: the calls after it take the free path again
 
 
 def finish() -> list[str]:
@@ -264,10 +265,8 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
                         if spans is not None:
                             spans.append((key, step, started, ended, get_ident()))
             session = state.session
-            if session is None:  # not configured: counted (the first named), named once at configure() or exit
-                if not state.early:
-                    state.early_first = f"stage {name!r}"
-                state.early += 1
+            if session is None:  # not configured: the first call is named once, at configure() or at exit
+                _before_configure("stage", name)
                 return func(*args, **kwargs)
             frame, began = _stage_begins(session, name, scheduled, role)
             try:

@@ -134,10 +134,9 @@ def _never_configured() -> None:
     if STATE.session is None and STATE.early:
         _unconfigured(
             "never configured",
-            "instrument: %d stage calls (the first: %s) ran but this process never called configure(), so nothing "
+            "instrument: stage calls (the first: %s) ran but this process never called configure(), so nothing "
             'was recorded; call instrument.configure(instrument.ProfilerConfig(...), role="actor") in every '
             "process before its first stage or step (docs/quickstart.md)",
-            STATE.early,
             STATE.early_first,
         )
 

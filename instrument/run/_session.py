@@ -480,9 +480,8 @@ def start_session(config: ProfilerConfig, *, role: str, rank: int | None, world_
     if early:
         session.misuse(
             "before configure",
-            "instrument: %d stage calls (the first: %s) ran before configure(); they were not recorded — call "
+            "instrument: stage calls (the first: %s) ran before configure(); they were not recorded — call "
             "configure() first, before the first stage or step",
-            early,
             first,
         )
     if config.on_demand:

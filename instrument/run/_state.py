@@ -22,8 +22,8 @@ class _State:
     ``on_oom``: with ``memory.on_oom``, called as ``on_oom(exc, stage, role)`` by a stage an exception
     leaves (only then: the normal path never reads it).
 
-    ``early``: calls of stages, windows and steps made before ``configure`` (``early_first`` names the
-    first); ``configure`` or the interpreter's exit names them once.
+    ``early``: whether a stage, window or step was called before ``configure`` (``early_first`` names the
+    first; later ones take the free path again); ``configure`` or the interpreter's exit names it once.
     """
 
     __slots__ = (
@@ -58,8 +58,8 @@ class _State:
     def reset(self) -> None:
         """Not configured: no run, nothing recorded, no fast path, observers, OOM hook or timeline (closes nothing).
 
-        ``engaged`` is true: a call made before ``configure`` leaves the disabled path for the branch that finds
-        no session, where it is counted (a configured run sets its own flags).
+        ``engaged`` is true: the first call made before ``configure`` leaves the disabled path for the branch
+        that finds no session, where it is noted (a configured run sets its own flags).
         """
         self.session = None
         self.recording = False
