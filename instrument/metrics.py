@@ -93,20 +93,26 @@ class StageMetrics:
         self._labels: tuple[str, ...] = (role, str(rank)) if rank_label else (role,)
         self._role, self._rank_label, self._rank = role, rank_label, rank
         self._stage_family = families["stage"]
-        self.observers: dict[str, Callable[[float], None]] = {}
-        """Stage name -> its bound ``observe``; decorated calls read it directly once a stage is in it."""
+        self.observers: dict[tuple[str | None, str], Callable[[float], None]] = {}
+        """``(role, stage)`` -> its bound ``observe`` (role ``None``: the process's); decorated calls read it
+        directly once a stage is in it."""
         self.step = families["step"].labels(*self._labels)
         self.steps = families["steps"].labels(*self._labels)
         self.windows = families["windows"].labels(*self._labels)
         self.failures = families["failures"].labels(*self._labels)
         self.bytes = families["bytes"].labels(*self._labels)
 
-    def stage_observer(self, stage: str) -> Callable[[float], None]:
-        """The bound ``observe`` of a stage's histogram child (created once per stage)."""
-        observe = self.observers.get(stage)
+    def stage_observer(self, stage: str, role: str | None = None) -> Callable[[float], None]:
+        """The bound ``observe`` of a stage's histogram child (created once per stage and role).
+
+        ``role``: the stage's own (``profiled_stage(name, role="critic")``), as its traces are named;
+        ``None`` is the process's role.
+        """
+        observe = self.observers.get((role, stage))
         if observe is None:
-            labels = (self._role, stage, str(self._rank)) if self._rank_label else (self._role, stage)
-            observe = self.observers[stage] = self._stage_family.labels(*labels).observe
+            named = self._role if role is None else role
+            labels = (named, stage, str(self._rank)) if self._rank_label else (named, stage)
+            observe = self.observers[role, stage] = self._stage_family.labels(*labels).observe
         return observe
 
 

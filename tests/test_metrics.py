@@ -80,6 +80,30 @@ def test_stage_and_step_durations_are_scraped_over_http(tmp_path: Path) -> None:
     assert 'rank="' not in "\n".join(line for line in text.splitlines() if role in line)
 
 
+def test_a_stage_with_its_own_role_is_observed_under_that_role(tmp_path: Path) -> None:
+    """As its traces are named: ``profiled_stage(name, role="critic")`` in an actor process is the critic's."""
+    role = "metrics-fused"  # the default registry is process-wide: roles of their own keep these series apart
+    ins.configure(ins.ProfilerConfig(save_path=str(tmp_path), enable=False, metrics=True), role=role, rank=0)
+
+    @ins.profiled_stage("compute_values", role="metrics-critic")
+    def values() -> None:
+        pass
+
+    for step in (1, 2):
+        with ins.profile_step(step), ins.profiled_stage("update_actor"):
+            values()
+    ins.finish()
+    port = _free_port()
+    server = serve(port)
+    try:
+        text = _scrape(port)
+    finally:
+        server.shutdown()
+    assert _value(text, "instrument_stage_seconds_count", role="metrics-critic", stage="compute_values") == 2
+    assert _value(text, "instrument_stage_seconds_count", role=role, stage="update_actor") == 2
+    assert f'role="{role}",stage="compute_values"' not in text
+
+
 def test_rank_label_only_when_asked(tmp_path: Path) -> None:
     """In a fresh process: the metric families (with or without rank) are registered once per process."""
     port = _free_port()

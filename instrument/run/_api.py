@@ -217,6 +217,7 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
     # every call out of the wrapper would cost the hot path.
     state = STATE
     key = ("stage", role, name)  # the stage's name in the step timeline
+    metric = (role, name)  # and in the stage metrics
     if inspect.iscoroutinefunction(func):
         return _wrap_coroutine(func, name, scheduled, role)
 
@@ -253,7 +254,7 @@ def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None
                             spans.append((key, step, started, perf_counter_ns(), get_ident()))
             observers = state.observers
             if observers is not None and not state.recording:
-                observe = observers.get(name)
+                observe = observers.get(metric)
                 if observe is not None:  # stage metrics on an unprofiled step: time, observe and the timeline
                     step = state.step
                     started = perf_counter_ns()
@@ -336,7 +337,7 @@ def _stage_ends(session: Session, key: tuple[str, str | None, str], frame: _Fram
         started, step = began
         ended = perf_counter_ns()
         if session.metrics is not None:
-            session.observe_stage(key[2], (ended - started) / 1e9)
+            session.observe_stage(key[2], (ended - started) / 1e9, role=key[1])
         spans = _spans(session)
         if spans is not None:
             spans.append((key, step, started, ended, get_ident()))

@@ -346,10 +346,10 @@ class Session(StageTracing):
         )
         timeline.wake()
 
-    def observe_stage(self, name: str, seconds: float) -> None:
-        """Record one stage (or ``mini_batch``) duration in the metrics."""
+    def observe_stage(self, name: str, seconds: float, *, role: str | None = None) -> None:
+        """Record one stage (or ``mini_batch``) duration in the metrics, under the stage's own role if it has one."""
         try:
-            self.metrics.stage_observer(name)(seconds)
+            self.metrics.stage_observer(name, role)(seconds)
         except Exception as exc:
             self._fail("could not record stage metrics", exc)
 
