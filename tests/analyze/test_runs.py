@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from instrument.analyze import analyze
-from instrument.analyze.traces._discover import NO_RUN_ID, Run, _joined, find_runs, select_run
+from instrument.analyze.traces._discover import NO_RUN_ID, Run, _joined, find_runs, runs_line, select_run
 from instrument.cli import main
 from instrument.manifest import read_manifests
 
@@ -217,6 +217,19 @@ def test_time_runs_join_only_within_a_minute_and_one_world_size(
         assert source == "time" and seen[head][1] == "time" and seen[head][2] == world
         assert 0 <= started - seen[head][0] < 60
         assert head not in alias  # one step: a run joins a head, never a chain
+
+
+def test_the_runs_line_names_five_older_runs_and_counts_the_rest() -> None:
+    runs = [Run(f"r{i}", float(100 - i), frozenset({str(i)})) for i in range(9)]
+    line = runs_line(runs, runs[0])
+    assert line is not None and line.startswith("9 runs here; analysed the newest, r0 (")
+    assert (
+        "r5 (" in line
+        and "r6 (" not in line
+        and line.endswith("and 3 more (--json lists every one); pick one with --run ID, or --run all")
+    )
+    assert runs_line(runs[:1], runs[0]) is None
+    assert (runs_line(runs[:2], None) or "").startswith("2 runs analysed together (--run all): r0 (")
 
 
 def test_select_run_takes_all_and_refuses_an_ambiguous_start(tmp_path: Path) -> None:

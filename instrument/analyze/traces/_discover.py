@@ -39,6 +39,7 @@ ALL_RUNS = "all"
 RUN_JOIN_S = 60.0
 """``time`` runs of one world size started less apart than this are one run."""
 _OTHER_FILES = (TIMELINE_SUFFIX, SNAPSHOT_SUFFIX, MEMORY_TIMELINE_SUFFIX)
+_NAMED_RUNS = 5  # runs named on the one line; the rest counted
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,10 @@ def runs_line(runs: list[Run], selected: Run | None) -> str | None:
     """One line naming the runs left out of the analysis and how to pick one; ``None`` with a single run."""
     if len(runs) < 2:
         return None
-    others = ", ".join(f"{run.id} ({_when(run.started)}, {run.files} files)" for run in runs if run is not selected)
+    rest = [run for run in runs if run is not selected]
+    others = ", ".join(f"{run.id} ({_when(run.started)}, {run.files} files)" for run in rest[:_NAMED_RUNS])
+    if len(rest) > _NAMED_RUNS:
+        others += f" and {len(rest) - _NAMED_RUNS} more (--json lists every one)"
     if selected is None:
         return f"{len(runs)} runs analysed together (--run {ALL_RUNS}): {others}"
     shown = f"{selected.id} ({_when(selected.started)}, {selected.files} files)"
