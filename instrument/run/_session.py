@@ -202,7 +202,7 @@ class Session(StageTracing):
             return
         if older:
             logger.warning(
-                "instrument: %s already holds files of older runs (%d manifests); `instrument analyze` shows the "
+                "instrument: %s already holds files of older runs (manifests: %d); `instrument analyze` shows the "
                 "newest run (this one, %s) unless given --run ID or --run all",
                 self.config.save_path,
                 older,
