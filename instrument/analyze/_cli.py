@@ -333,12 +333,12 @@ def main_from_args(args: argparse.Namespace) -> int:
     if getattr(args, "layout", None):
         return _export(args)
     runs, chosen = _runs(args)
+    said = runs_line(runs, chosen)
+    if said is not None:  # first: it also explains a filter that matches nothing in the newest run alone
+        _say(f"instrument analyze: {_printable(said)}", sys.stderr)
     report = _analysed(args, ray, chosen)
     if isinstance(report, int):
         return report
-    said = runs_line(runs, chosen)
-    if said is not None:
-        _say(f"instrument analyze: {_printable(said)}", sys.stderr)
     _tell_left_out(report.skipped, report.notes)
 
     png: Path | None = None

@@ -117,6 +117,20 @@ def test_analyze_shows_the_newest_run_and_names_the_others(
     assert ids[2] in line and ids[1] in line and ids[0] in line and "--run" in line
 
 
+def test_a_step_only_an_older_run_holds_matches_nothing_and_the_runs_line_says_where_to_look(
+    three_runs: tuple[Path, list[str], list[str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    save, ids, _ = three_runs
+    status = main(["analyze", str(save), "--steps", "3", "--no-png", "--quiet"])
+    err = capsys.readouterr().err
+    assert status == 2
+    lines = err.splitlines()
+    assert "runs here" in lines[0] and ids[1] in lines[0] and "--run" in lines[0]
+    assert lines[1] == f"instrument analyze: error: nothing in {save} (run {ids[2]}) matches --steps 3"
+    assert main(["analyze", str(save), "--steps", "3", "--run", ids[1], "--no-png", "--quiet", "--json"]) == 0
+    capsys.readouterr()
+
+
 def test_run_picks_an_older_run_or_every_run(
     three_runs: tuple[Path, list[str], list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
