@@ -120,9 +120,9 @@ def _from_store(rank: int, world_size: int, offer: RunStamp) -> RunStamp | None:
         return None if run_id is None else RunStamp(run_id, source or "store", offer.started)
     except Exception as exc:  # a timeout (rank 0 configures later), a store that went away
         logger.warning(
-            "instrument: rank %d could not read the run id from rank 0 through the torch.distributed store within "
-            "%.0f s (%s: %s); it names its run by itself, so `instrument analyze` may show this rank's files as a "
-            "run apart (set %s for every process to agree)",
+            "instrument: rank %d could not agree on the run id with rank 0 through the torch.distributed store "
+            "(waited at most %.0f s; %s: %s); it names its run by itself, so `instrument analyze` may show this "
+            "rank's files as a run apart (set %s for every process to agree)",
             rank,
             STORE_WAIT_S,
             type(exc).__name__,
