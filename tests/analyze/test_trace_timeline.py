@@ -353,3 +353,28 @@ def test_engine_traces_and_ranges_without_a_step_are_left_out() -> None:
     traced.add(engine, scan)
     traced.add(plain, scan)  # no ProfilerStep and no step in its name: no step to put it in
     assert traced.traces == 2 and traced.timelines() == []
+
+
+def test_one_process_is_one_lane_whatever_its_stages_roles() -> None:
+    """A fused worker's ``role="critic"`` stage files share its pid: one lane, named after most of its stages."""
+
+    def stage(role: str, name: str, pid: int, start: float) -> tuple[TraceFile, FileScan]:
+        label = name.replace("_", "-")  # as SDK file names spell it
+        path = f"/run/{role}_{label}_step1_rank0-of-1_h_pid{pid}_1796155966097457905.pt.trace.json.gz"
+        header = {"baseTimeNanoseconds": BASE, "host_name": "h"}
+        scan = FileScan([], header, 1, 0, stage_ranges=[(name, None, start, start + 10.0)])
+        return TraceFile(path, role, name, 1, 0, 1, source="name"), scan
+
+    traced = TraceSpans()
+    for trace, scan in [
+        stage("actor", "generate_sequences", 7, 0.0),
+        stage("critic", "compute_values", 7, 20.0),
+        stage("actor", "update_actor", 7, 40.0),
+        stage("critic", "compute_values", 8, 20.0),  # another process (pid 8): a lane of its own
+    ]:
+        traced.add(trace, scan)
+    fused, other = traced.timelines()
+    assert (fused.role, fused.pid, other.role, other.pid) == ("actor", 7, "critic", 8)
+    stages = [(s.role, s.stage) for s in fused.spans if s.kind == "stage"]
+    assert stages == [("actor", "generate_sequences"), ("critic", "compute_values"), ("actor", "update_actor")]
+    assert {s.role for s in fused.spans if s.kind == "step"} == {"actor"}

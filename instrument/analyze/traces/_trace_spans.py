@@ -15,6 +15,9 @@ the timeline analysis reads as it reads timeline files. No file is read a second
   file of one step, that step), a discrete trace's stage range, a window trace's mini-batches as one range.
 - **Who.** Role and rank as the analysis gives them (name, manifest, ``distributedInfo``); a file with no
   rank (a single process's plain trace) gets a rank after the known ones, one per file name's worker.
+  One process is one lane, as in timeline files: the files of one pid (named in SDK trace names) are
+  one process whatever their stages' roles (a fused worker's ``role="critic"`` stages are its own), and
+  its role is the one most of its stages have (a process with no pid in its names: one per role).
   Rollout engine and frontend traces are left out: they hold engine iterations, not the run's stages.
 - **Clocks.** Kineto writes an event's ``ts`` in µs after the header's ``baseTimeNanoseconds`` (ns of the
   wall clock; absent in older traces: ``ts`` is then the time itself), and the host before the events
@@ -65,7 +68,14 @@ class _Process:
     world_size: int
     path: str
     steps: dict[int, tuple[int, int]] = field(default_factory=dict)  # step -> its measured range
-    stages: list[tuple[str, int, int, int]] = field(default_factory=list)  # name, step, start, end
+    stages: list[tuple[str, str, int, int, int]] = field(default_factory=list)  # role, name, step, start, end
+
+    def main_role(self) -> str:
+        """The role most of its stages have (ties: by name); a fused worker is named after its own role."""
+        counts: dict[str, int] = {}
+        for role, *_ in self.stages:
+            counts[role] = counts.get(role, 0) + 1
+        return min(counts, key=lambda role: (-counts[role], role)) if counts else self.role
 
 
 def _base_ns(header: dict[str, Any]) -> int:
@@ -117,11 +127,12 @@ class TraceSpans:
         base = _base_ns(scan.header)
         host = _host(scan.header, trace.path)
         who: int | str | None = trace.rank if trace.rank is not None else trace.worker
-        key = (host, trace.role, who)
+        pid = _pid(trace.path)
+        key = (host, pid or trace.role, who)
         process = self._processes.get(key)
         if process is None:
             process = self._processes[key] = _Process(
-                trace.role, trace.rank, trace.worker, host, _pid(trace.path), trace.world_size or 0, trace.path
+                trace.role, trace.rank, trace.worker, host, pid, trace.world_size or 0, trace.path
             )
 
         for number, start, end in scan.step_ranges:
@@ -136,7 +147,7 @@ class TraceSpans:
         for name, inside, start, end in scan.stage_ranges:
             step = trace.step if inside is None else inside
             if step is not None and _step(step) and (kept := _range(base, start, end)) is not None:
-                process.stages.append((name, step, *kept))
+                process.stages.append((trace.role, name, step, *kept))
 
     def timelines(self) -> list[Timeline]:
         """One timeline per process, with the steps that hold a traced stage; empty when none does."""
@@ -149,7 +160,7 @@ class TraceSpans:
         # a step whose bounds no trace of a process measured: its host's first to last traced range of it
         reach: dict[tuple[str, int], tuple[int, int]] = {}
         for p in processes:
-            for _, step, start, end in p.stages:
+            for _, _, step, start, end in p.stages:
                 _widen(reach, (p.host, step), start, end)
         for p in processes:  # only steps in which some process of the host ran a traced stage
             for step, (start, end) in p.steps.items():
@@ -157,16 +168,16 @@ class TraceSpans:
                     _widen(reach, (p.host, step), start, end)
         out = []
         for p in sorted(processes, key=_order):
-            rank = ranks[id(p)]
-            ran = {step for _, step, _, _ in p.stages} | {step for step in p.steps if (p.host, step) in reach}
+            rank, role = ranks[id(p)], p.main_role()
+            ran = {step for _, _, step, _, _ in p.stages} | {step for step in p.steps if (p.host, step) in reach}
             steps = {step: p.steps.get(step) or reach[(p.host, step)] for step in ran}
-            spans = [Span("step", p.role, "", step, rank, lo, hi) for step, (lo, hi) in sorted(steps.items())]
+            spans = [Span("step", role, "", step, rank, lo, hi) for step, (lo, hi) in sorted(steps.items())]
             stages = sorted(p.stages, key=_start)
-            spans.extend(Span("stage", p.role, name, step, rank, lo, hi) for name, step, lo, hi in stages)
+            spans.extend(Span("stage", own, name, step, rank, lo, hi) for own, name, step, lo, hi in stages)
             out.append(
                 Timeline(
                     path=p.path,
-                    role=p.role,
+                    role=role,
                     rank=rank,
                     world_size=p.world_size,
                     host=p.host,
@@ -183,8 +194,8 @@ def _order(p: _Process) -> tuple[int, int, str, str]:
     return (p.rank is None, -1 if p.rank is None else p.rank, p.worker or "", p.role)
 
 
-def _start(stage: tuple[str, int, int, int]) -> tuple[int, int]:
-    return stage[2], -stage[3]
+def _start(stage: tuple[str, str, int, int, int]) -> tuple[int, int]:
+    return stage[3], -stage[4]
 
 
 def _widen(reach: dict[tuple[str, int], tuple[int, int]], key: tuple[str, int], start: int, end: int) -> None:
