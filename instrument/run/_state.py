@@ -45,7 +45,7 @@ class _State:
     session: Any  # instrument.run._session.Session (not imported: no cycle)
     fast: dict[str, Any] | None  # stage -> instrument.recorders.FastRange, or None
     fast_thread: int
-    observers: dict[str, Any] | None  # with stage metrics: stage -> bound observe
+    observers: dict[tuple[str | None, str], Any] | None  # with stage metrics: (role, stage) -> bound observe
     on_oom: Any  # instrument.recorders.memory.OomSnapshots, or None
     spans: Any  # collections.deque of span tuples, or None
     step: int

@@ -113,7 +113,7 @@ class TraceSpans:
     """Collects each read trace's step and stage ranges (:meth:`add`); :meth:`timelines` puts them together."""
 
     def __init__(self) -> None:
-        self._processes: dict[tuple[str, str, int | str | None], _Process] = {}
+        self._processes: dict[tuple[str, int | str, int | str | None], _Process] = {}  # host, pid or role, who
         self.traces = 0
         """Trace files added (engine and frontend traces included)."""
 
