@@ -13,7 +13,7 @@ import json
 import math
 from array import array
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import FrozenInstanceError, asdict, dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +43,8 @@ __all__ = [
     "TimelineReport",
     "TimelineSpans",
     "TraceFile",
+    "WaitRow",
+    "WaitTable",
     "findings_text",
     "label_key",
 ]
@@ -66,6 +68,9 @@ def label_key(label: str) -> str:
 # --------------------------------------------------------------------------- the step timeline
 
 
+_NS_PER_MS = 1_000_000
+
+
 def _round(value: float) -> float:
     return round(value, 3)
 
@@ -86,15 +91,124 @@ class TimeShare:
         return {"role": self.role, "stage": self.stage, "rank": self.rank, "ms": _round(self.ms)}
 
 
-@dataclass(frozen=True, slots=True)
+WaitRow = tuple[str | None, str, int | None, int]
+"""One cause a lane waited for, as stored: (role, stage, rank, ns); role and rank ``None`` when unattributed."""
+
+
+class WaitTable:
+    """The waits of one step's lanes as columns: a :class:`TimeShare` is made only when one is read.
+
+    At 4,096 ranks a report holds ~4M waits, ~96 bytes each as objects and 20 here. Lane ``i``'s waits are
+    rows ``at[i]`` to ``at[i + 1]``: ``causes[cause[j]]`` (role, stage), ``rank[j]`` (ignored when the role is
+    ``None``: unattributed) and ``ns[j]``, in the order they are reported."""
+
+    __slots__ = ("_index", "at", "cause", "causes", "ns", "rank")
+
+    def __init__(self) -> None:
+        self.causes: list[tuple[str | None, str]] = []
+        self.cause = array("I")
+        self.rank = array("q")
+        self.ns = array("q")
+        self.at = array("I", [0])
+        self._index: dict[tuple[str | None, str], int] = {}
+
+    def add(self, rows: list[WaitRow]) -> int:
+        """Append one lane's waits (in order); returns the lane's index in this table."""
+        index = self._index
+        self.cause.extend([index.setdefault((role, stage), len(index)) for role, stage, _, _ in rows])
+        if len(index) != len(self.causes):
+            self.causes = list(index)
+        self.rank.extend([-1 if rank is None else rank for _, _, rank, _ in rows])
+        self.ns.extend([ns for _, _, _, ns in rows])
+        self.at.append(len(self.ns))
+        return len(self.at) - 2
+
+    def rows(self, lane: int) -> Iterator[WaitRow]:
+        """Lane ``lane``'s waits as (role, stage, rank, ns)."""
+        causes, cause, rank, ns = self.causes, self.cause, self.rank, self.ns
+        for j in range(self.at[lane], self.at[lane + 1]):
+            role, stage = causes[cause[j]]
+            yield role, stage, None if role is None else rank[j], ns[j]
+
+
 class RankTimeline:
-    """One lane in one step: busy (its stages' union), idle (the rest of its step span), and the causes."""
+    """One lane in one step: busy (its stages' union), idle (the rest of its step span), and the causes.
+
+    Immutable, and equal by its values as a dataclass is. ``waited_for`` is given as :class:`TimeShare` values,
+    or as ``(table, lane)``, a lane of a step's :class:`WaitTable`: the analysis stores millions of waits that
+    way, and each read makes the tuple afresh."""
+
+    __slots__ = ("_lane", "_waits", "busy_ms", "idle_ms", "rank", "role")
+    __match_args__ = ("rank", "role", "busy_ms", "idle_ms", "waited_for")
 
     rank: int
     role: str
     busy_ms: float
     idle_ms: float
-    waited_for: tuple[TimeShare, ...]  # largest first; empty when clocks are not aligned
+    _waits: tuple[TimeShare, ...] | WaitTable
+    _lane: int
+
+    def __init__(
+        self,
+        rank: int,
+        role: str,
+        busy_ms: float,
+        idle_ms: float,
+        waited_for: tuple[TimeShare, ...] | tuple[WaitTable, int] = (),
+    ) -> None:
+        setter = object.__setattr__
+        setter(self, "rank", rank)
+        setter(self, "role", role)
+        setter(self, "busy_ms", busy_ms)
+        setter(self, "idle_ms", idle_ms)
+        if len(waited_for) == 2 and isinstance(waited_for[0], WaitTable):
+            setter(self, "_waits", waited_for[0])
+            setter(self, "_lane", waited_for[1])
+        else:
+            setter(self, "_waits", tuple(waited_for))
+            setter(self, "_lane", 0)
+
+    @property
+    def waited_for(self) -> tuple[TimeShare, ...]:
+        """What it waited for, largest first; empty when clocks are not aligned."""
+        waits = self._waits
+        if isinstance(waits, tuple):
+            return waits
+        return tuple(TimeShare(role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.rows(self._lane))
+
+    def waits(self) -> Iterator[tuple[str | None, str, int | None, float]]:
+        """:attr:`waited_for` as (role, stage, rank, ms) tuples, no :class:`TimeShare` made."""
+        waits = self._waits
+        if isinstance(waits, tuple):
+            return ((w.role, w.stage, w.rank, w.ms) for w in waits)
+        return ((role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.rows(self._lane))
+
+    def _values(self) -> tuple[int, str, float, float, tuple[TimeShare, ...]]:
+        return (self.rank, self.role, self.busy_ms, self.idle_ms, self.waited_for)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, RankTimeline)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[type[RankTimeline], tuple[int, str, float, float, tuple[TimeShare, ...]]]:
+        return (RankTimeline, self._values())
+
+    def __repr__(self) -> str:
+        return (
+            f"RankTimeline(rank={self.rank!r}, role={self.role!r}, busy_ms={self.busy_ms!r}, "
+            f"idle_ms={self.idle_ms!r}, waited_for={self.waited_for!r})"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -102,7 +216,9 @@ class RankTimeline:
             "role": self.role,
             "busy_ms": _round(self.busy_ms),
             "idle_ms": _round(self.idle_ms),
-            "waited_for": [w.to_json() for w in self.waited_for],
+            "waited_for": [
+                {"role": role, "stage": stage, "rank": rank, "ms": _round(ms)} for role, stage, rank, ms in self.waits()
+            ],
         }
 
 

@@ -85,6 +85,8 @@ from instrument.analyze._model import (
     StepTimeline,
     TimelineReport,
     TimeShare,
+    WaitRow,
+    WaitTable,
 )
 from instrument.timeline import Span, SpanColumns, SpanTable
 
@@ -325,7 +327,8 @@ class _Step:
             best = self._latest(lane.role, low, high, lane.index, before)
         return best
 
-    def _waits(self, lane: _Lane) -> tuple[TimeShare, ...]:
+    def _waits(self, lane: _Lane) -> list[WaitRow]:
+        """What ``lane`` waited for, by cause, largest first: (role, stage, rank, ns)."""
         gaps, previous = [], lane.start
         for a, b in lane.blocks:
             if a > previous:
@@ -337,14 +340,13 @@ class _Step:
         for a, b, at_end in gaps:
             cause = self._waited_for(lane, a, b, at_end=at_end)
             waited[None if cause is None else (cause[6].role, cause[6].stage, cause[5])] += b - a
-        shares = [
-            TimeShare(None, UNATTRIBUTED, None, _ms(ns))
-            if key is None
-            else TimeShare(key[0], key[1], self.lanes[key[2]].rank, _ms(ns))
+        rows: list[WaitRow] = [
+            (None, UNATTRIBUTED, None, ns) if key is None else (key[0], key[1], self.lanes[key[2]].rank, ns)
             for key, ns in waited.items()
         ]
-        shares.sort(key=lambda w: (-w.ms, w.role or "", w.stage, w.rank if w.rank is not None else -1))
-        return tuple(shares)
+        # The order TimeShare values sort in: by their ms (the float a reader gets), then the cause.
+        rows.sort(key=lambda w: (-_ms(w[3]), w[0] or "", w[1], w[2] if w[2] is not None else -1))
+        return rows
 
     # ---------------------------------------------------------------- the critical path
 
@@ -411,17 +413,18 @@ class _Step:
         rows = []
         role_sums: dict[str, list[int]] = {}
         role_causes: dict[str, dict[tuple[str | None, str], float]] = defaultdict(lambda: defaultdict(float))
+        table = WaitTable()  # the step's waits as columns: millions of them at thousands of ranks
         for lane in lanes:
             idle = lane.end - lane.start - lane.busy
-            waits = self._waits(lane) if self.aligned else ()
-            rows.append(RankTimeline(lane.rank, lane.role, _ms(lane.busy), _ms(idle), waits))
+            waits = self._waits(lane) if self.aligned else []
+            rows.append(RankTimeline(lane.rank, lane.role, _ms(lane.busy), _ms(idle), (table, table.add(waits))))
             sums = role_sums.setdefault(lane.role, [0, 0, 0])
             sums[0] += 1
             sums[1] += lane.busy
             sums[2] += idle
             causes = role_causes[lane.role]
-            for w in waits:
-                causes[(w.role, w.stage)] += w.ms
+            for role, stage, _, ns in waits:
+                causes[(role, stage)] += _ms(ns)
         roles = {}
         for role, (count, busy, idle) in role_sums.items():
             ranked = sorted(role_causes[role].items(), key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
@@ -653,10 +656,12 @@ def _straggler_findings(
     )
     for timeline in steps if aligned and targets else ():
         for row in timeline.ranks:
-            for w in row.waited_for:
-                found = None if w.role is None or w.rank is None else targets.get((w.role, w.stage, w.rank))
+            for cause_role, cause_stage, cause_rank, ms in row.waits():  # no TimeShare made: millions of them
+                if cause_role is None or cause_rank is None:
+                    continue
+                found = targets.get((cause_role, cause_stage, cause_rank))
                 if found is not None and timeline.step in found[1]:
-                    waits[found[0]][row.role][(row.rank, timeline.step)] += w.ms
+                    waits[found[0]][row.role][(row.rank, timeline.step)] += ms
     findings = []
     for (role, (_, rank)), stages in ranked:
         stages.sort(key=lambda c: (-c[0], c[1]))
