@@ -7,6 +7,7 @@ The properties run on random layouts; the examples check the numbers of a known 
 from __future__ import annotations
 
 import json
+import pickle
 import random
 from collections.abc import Sequence
 from dataclasses import replace
@@ -17,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.analyze._model import TimelineReport, findings_text
+from instrument.analyze._model import RankTimeline, TimelineReport, TimeShare, WaitTable, findings_text
 from instrument.analyze.analyzers._timeline import (
     IDLE,
     UNALIGNED_NOTE,
@@ -448,6 +449,30 @@ def test_unaligned_has_no_waits_and_no_path(spans: list[Span]) -> None:
         assert timeline.wall_ms <= same.wall_ms + 1e-9
 
 
+causes = st.one_of(
+    st.just((None, UNATTRIBUTED, None)),
+    st.tuples(st.sampled_from(["actor", "rollout"]), st.sampled_from(["update_actor", "generate"]), st.integers(0, 9)),
+)
+
+
+@PROPERTY
+@given(lanes=st.lists(st.lists(st.tuples(causes, st.integers(0, 10**13)), max_size=4), max_size=5))
+def test_waits_stored_as_columns_read_as_the_time_shares(lanes: list[list[tuple[Any, int]]]) -> None:
+    table = WaitTable()
+    for waits in lanes:
+        rows = [(role, stage, rank, ns) for (role, stage, rank), ns in waits]
+        compact = RankTimeline(3, "actor", 1.5, 2.5, (table, table.add(rows)))
+        shares = tuple(TimeShare(role, stage, rank, ns / MS) for role, stage, rank, ns in rows)
+        plain = RankTimeline(3, "actor", 1.5, 2.5, shares)
+        assert compact.waited_for == shares and compact == plain and hash(compact) == hash(plain)
+        assert compact.to_json() == plain.to_json() == {**plain.to_json(), "waited_for": [w.to_json() for w in shares]}
+        assert [w[3] for w in compact.waits()] == [w.ms for w in shares]
+        assert pickle.loads(pickle.dumps(compact)) == plain
+        assert repr(compact) == repr(plain)
+        with pytest.raises(AttributeError):
+            compact.rank = 4
+
+
 # --------------------------------------------------------------------------- columns, files and clocks
 
 
@@ -507,3 +532,51 @@ def test_a_host_without_a_clock_estimate_is_not_aligned_and_keeps_its_own_clock(
     assert on_axis.spans[-1] == Span("step", "ref", "", 1, 9, 5 * 10**15, 5 * 10**15 + 800 * MS)
     report = analyze_timeline(on_axis.spans, aligned=on_axis.aligned)
     assert report.steps[0].wall_ms == pytest.approx(800) and report.clock.note == UNALIGNED_NOTE
+
+
+def write_process(
+    directory: Path, spans: list[Span], *, rank: int, host: str, clock_ns: int, estimate: tuple[int, int] | None
+) -> None:
+    """Rank ``rank``'s spans as its process on ``host`` writes them: on a clock ``clock_ns`` ahead of the
+    reference's, with its recorded estimate (offset, uncertainty), if any."""
+    own = [s for s in spans if s.rank == rank]
+    role = next(s.role for s in own if s.kind == "step")
+    data = bytearray(encode_header(role=role, rank=rank, world_size=9, host=host, pid=rank, mono_ns=0, wall_ns=0))
+    if estimate is not None:
+        data += encode_clock(*estimate, "store round trip")
+    names: dict[tuple[str, str, str], int] = {}
+    for s in own:
+        key = (s.kind, s.role, s.stage)
+        if key not in names:
+            names[key] = len(names)
+            data += encode_name(names[key], *key)
+        data += encode_span(names[key], 0, s.step, s.start_ns + clock_ns, s.end_ns + clock_ns)
+    (directory / f"r{rank}{TIMELINE_SUFFIX}").write_bytes(bytes(data))
+
+
+def test_a_timeline_with_its_own_estimate_is_shifted_by_it_when_the_lowest_rank_is_missing(tmp_path: Path) -> None:
+    # Rank 0 measured every offset (host "a"), but its timeline is not in the set: the lowest rank here,
+    # rank 1, is on host "b", whose clock is 7 s ahead. Each process is shifted by its own estimate (rank 2 on
+    # rank 0's host recorded 0 ± 0); rank 5 recorded none and takes its host-mate rank 1's (one clock a host).
+    spans = [s for s in disaggregated(steps=2) if s.rank != 0]
+    hosts = {1: ("b", 7 * 10**9), 2: ("a", 0), 3: ("c", -3 * 10**9), 5: ("b", 7 * 10**9)}
+    for rank in range(1, 8):
+        host, clock = hosts.get(rank, (f"h{rank}", rank * 10**9 + 17))
+        estimate = None if rank == 5 else (clock, 0 if host == "a" else 2_000 + rank)
+        write_process(tmp_path, spans, rank=rank, host=host, clock_ns=clock, estimate=estimate)
+    timelines, _ = find_timelines(tmp_path)
+    on_axis = align(timelines)
+    assert on_axis.aligned and on_axis.max_uncertainty_ns == 2_007
+    assert sorted(on_axis.spans) == sorted(spans)
+    expected = analyze_timeline(spans, aligned=True, clock_uncertainty_ns=2_007)
+    assert analyze_timeline(on_axis.spans, aligned=True, clock_uncertainty_ns=2_007) == expected
+    assert by_rank(expected)[1].waited_for[0].rank == 7  # rank 1 waits for the slow rollout rank, as with rank 0
+
+
+def test_without_estimates_only_the_lowest_ranks_host_is_on_the_axis(tmp_path: Path) -> None:
+    spans = disaggregated(steps=1)
+    for rank in range(8):  # a run that measured no offset: ranks 0-3 on one host, 4-7 on another
+        write_process(tmp_path, spans, rank=rank, host="a" if rank < 4 else "b", clock_ns=0, estimate=None)
+    timelines, _ = find_timelines(tmp_path)
+    assert not align(timelines).aligned
+    assert align([t for t in timelines if t.host == "b"]).aligned  # one host: one clock
