@@ -10,7 +10,6 @@ drops duplicates, reads every file once (in worker processes when the set is lar
 from __future__ import annotations
 
 import functools
-import itertools
 import os
 import sys
 import time
@@ -40,7 +39,7 @@ from instrument.analyze.traces._reader import FileScan, TraceError, read_header,
 from instrument.analyze.traces._timelines import align, find_timelines
 from instrument.analyze.traces._trace_spans import FROM_TRACES_NOTE, NO_STEP_RANGES, TraceSpans
 from instrument.naming import TIMELINE_SUFFIX
-from instrument.timeline import Span, Timeline
+from instrument.timeline import SpanTable, Timeline
 
 __all__ = ["PARALLEL_MIN_BYTES", "ReadProgress", "analyze"]
 
@@ -256,32 +255,23 @@ def _timeline(
             None,
         )
     on_axis = align(timelines)
-    opened = {span.step for span in on_axis.spans if span.kind == "step"}  # a span outside any step: not analysed
-
-    def kept(span: Span) -> bool:
-        return (
-            span.step in opened
-            and (filters.ranks is None or span.rank in filters.ranks)
-            and (filters.steps is None or span.step in filters.steps)
-            and (filters.stages is None or span.kind == "step" or label_key(span.stage) in filters.stages)
-        )
-
-    # align() lists every timeline's spans in turn: cut back into processes, for the pictures and the merged trace
-    per_process: list[tuple[Timeline, list[Span]]] | None = None
-    if sum(len(t.spans) for t in on_axis.timelines) == len(on_axis.spans):
-        rest = iter(on_axis.spans)
-        per_process = [(t, [s for s in itertools.islice(rest, len(t.spans)) if kept(s)]) for t in on_axis.timelines]
-        spans = [span for _, own in per_process for span in own]
-    else:  # pragma: no cover - align() keeps every span
-        spans = [span for span in on_axis.spans if kept(span)]
-    if not spans:
+    opened = on_axis.spans.steps("step")  # a span outside any step: not analysed
+    wanted = filters.stages
+    kept = on_axis.spans.where(  # columns kept as columns: no span object per span here
+        ranks=filters.ranks,
+        steps=opened if filters.steps is None else opened & set(filters.steps),
+        names=None if wanted is None else lambda kind, _role, stage: kind == "step" or label_key(stage) in wanted,
+    )
+    if not len(kept):
         held = "the traces' step and stage ranges" if from_traces else "the timeline files"
         return None, f"{held} hold no span the filters keep", None
-    report = analyze_timeline(spans, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0)
+    report = analyze_timeline(kept, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0)
+    # one part per timeline, in order: each process's spans for the pictures and the merged trace
+    per_process = [(t, SpanTable([part])) for t, part in zip(on_axis.timelines, kept.parts, strict=True)]
     if from_traces:  # said where the notes are read: the findings, the page and the JSON's clock
         said = " ".join(filter(None, (f"Step timeline {FROM_TRACES_NOTE}.", report.clock.note)))
         report = replace(report, source="traces", clock=replace(report.clock, note=said))
-    return report, None, None if per_process is None else _lanes(per_process, on_axis.aligned)
+    return report, None, _lanes(per_process, on_axis.aligned)
 
 
 _SHIFTED_NOTE = (
@@ -290,7 +280,7 @@ _SHIFTED_NOTE = (
 )
 
 
-def _lanes(per_process: list[tuple[Timeline, list[Span]]], aligned: bool) -> TimelineSpans:
+def _lanes(per_process: list[tuple[Timeline, SpanTable]], aligned: bool) -> TimelineSpans:
     """The kept spans per process, from the first span on.
 
     Not aligned: a host's lanes are moved so that its first step starts with the reference host's (the
