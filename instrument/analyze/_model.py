@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from instrument import naming
+from instrument.timeline import SpanColumns
 
 if TYPE_CHECKING:
     from instrument.timeline import Span
@@ -360,8 +361,12 @@ class TimelineLane:
     thread: array[int]
 
     @classmethod
-    def of(cls, *, role: str, rank: int, host: str, pid: int, spans: Iterable[Span], shift_ns: int = 0) -> TimelineLane:
-        """The lane of one process's spans, each moved by ``-shift_ns``."""
+    def of(
+        cls, *, role: str, rank: int, host: str, pid: int, spans: Iterable[Span] | SpanColumns, shift_ns: int = 0
+    ) -> TimelineLane:
+        """The lane of one process's spans, each moved by ``-shift_ns``; columns are copied as columns."""
+        if isinstance(spans, SpanColumns):
+            return cls._of_columns(role, rank, host, pid, spans, shift_ns)
         index: dict[tuple[str, str, str], int] = {}
         name, step, start, end, thread = array("H"), array("I"), array("q"), array("q"), array("H")
         for span in spans:
@@ -372,6 +377,23 @@ class TimelineLane:
             end.append(span.end_ns - shift_ns)
             thread.append(span.thread)
         return cls(role, rank, host, pid, tuple(index), name, step, start, end, thread)
+
+    @classmethod
+    def _of_columns(
+        cls, role: str, rank: int, host: str, pid: int, columns: SpanColumns, shift_ns: int
+    ) -> TimelineLane:
+        # The same lane as from the columns' Span values (names in the order first used), no Span made.
+        index: dict[tuple[str, str, str], int] = {}
+        remap = {n: index.setdefault(columns.names[n], len(index)) for n in dict.fromkeys(columns.name)}
+        if all(n == m for n, m in remap.items()):
+            name = array("H", columns.name)
+        else:
+            name = array("H", map(remap.__getitem__, columns.name))
+        start = array("q", [s - shift_ns for s in columns.start_ns] if shift_ns else columns.start_ns)
+        end = array("q", map(int.__add__, start, columns.duration_ns))
+        return cls(
+            role, rank, host, pid, tuple(index), name, array("I", columns.step), start, end, array("H", columns.thread)
+        )
 
     @property
     def label(self) -> str:

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.analyze._model import RankTimeline, TimelineReport, TimeShare, WaitTable, findings_text
+from instrument.analyze._model import RankTimeline, TimelineLane, TimelineReport, TimeShare, WaitTable, findings_text
 from instrument.analyze.analyzers._timeline import (
     IDLE,
     UNALIGNED_NOTE,
@@ -28,7 +28,16 @@ from instrument.analyze.analyzers._timeline import (
 )
 from instrument.analyze.traces._timelines import align, find_timelines
 from instrument.naming import TIMELINE_SUFFIX
-from instrument.timeline import Span, SpanTable, encode_clock, encode_header, encode_name, encode_span, encode_thread
+from instrument.timeline import (
+    Span,
+    SpanColumns,
+    SpanTable,
+    encode_clock,
+    encode_header,
+    encode_name,
+    encode_span,
+    encode_thread,
+)
 
 MS = 1_000_000
 PROPERTY = settings(max_examples=60, deadline=None)
@@ -471,6 +480,19 @@ def test_waits_stored_as_columns_read_as_the_time_shares(lanes: list[list[tuple[
         assert repr(compact) == repr(plain)
         with pytest.raises(AttributeError):
             compact.rank = 4
+
+
+@PROPERTY
+@given(spans=layouts(), shift=st.integers(-(10**12), 10**12), data=st.data())
+def test_a_lane_copied_from_columns_is_the_lane_of_their_spans(
+    spans: list[Span], shift: int, data: st.DataObject
+) -> None:
+    rank = data.draw(st.sampled_from(sorted({s.rank for s in spans})))
+    own = [s for s in spans if s.rank == rank]
+    columns = SpanColumns.of(own, rank).take(data.draw(st.permutations(range(len(own)))))  # names not first-used
+    expected = TimelineLane.of(role="actor", rank=rank, host="h", pid=1, spans=list(columns), shift_ns=shift)
+    assert TimelineLane.of(role="actor", rank=rank, host="h", pid=1, spans=columns, shift_ns=shift) == expected
+    assert [row[4] for row in expected.rows()] == [s.start_ns - shift for s in columns]
 
 
 # --------------------------------------------------------------------------- columns, files and clocks
