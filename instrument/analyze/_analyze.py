@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from instrument.analyze._details import with_details
 from instrument.analyze._model import (
     MemoryFile,
     Report,
@@ -131,6 +132,7 @@ def analyze(
     ray: str | bool | None = None,
     run: str | Run | None = None,
     strict: bool = False,
+    details: bool = False,
 ) -> Report:
     """Analyse the traces in ``path`` (a ``save_path``).
 
@@ -139,6 +141,10 @@ def analyze(
     ``strict``: raise :class:`~._selection.NothingMatchedError` (a ``ValueError``) when the filters keep
     nothing, or ``path`` holds no trace, instead of an empty report. A filter naming values partly absent
     gets a note in :attr:`Report.notes`.
+
+    ``details``: also the run's facts (hosts, dates, tools, roles) and each stage's top ops by self time
+    (:attr:`Report.run`, :attr:`Report.stage_ops`; a second read of one instance's files per stage), which
+    the page shows (``instrument analyze --html`` asks for them).
 
     ``ranks`` / ``steps`` / ``stages`` keep only those (``stages`` compares labels the way file names
     write them, so ``update_actor`` and ``update-actor`` are the same); ``ranks=None`` keeps every rank
@@ -205,7 +211,7 @@ def analyze(
         raise selection.nothing(root, filters, stages, sorted(skipped, key=lambda s: s.path))
     notes += selection.absent(root, filters, stages)
     skipped.sort(key=lambda s: s.path)
-    return Report(
+    report = Report(
         directory=str(root),
         stages=tuple(stage_stats),
         skipped=tuple(skipped),
@@ -223,6 +229,7 @@ def analyze(
         timeline_note=timeline_note,
         timeline_spans=timeline_spans,
     )
+    return with_details(report) if details else report
 
 
 def _timeline(

@@ -23,7 +23,6 @@ from typing import TextIO
 
 from instrument._terminal import Display, human_bytes, wanted
 from instrument.analyze._analyze import analyze
-from instrument.analyze._details import with_details
 from instrument.analyze._intervals import IntRanges
 from instrument.analyze._layout import export_layout
 from instrument.analyze._model import Report, Skipped
@@ -270,7 +269,7 @@ def _page_and_trace(args: argparse.Namespace, report: Report) -> tuple[Path | No
     page: Path | None = None
     if args.html:
         try:
-            page = write_html(with_details(report), args.html)  # the page alone shows run facts and top ops
+            page = write_html(report, args.html)
         except ImportError:
             return _error("--html needs matplotlib: pip install 'instrument[analyze]'")
         except OSError as exc:
@@ -311,6 +310,7 @@ def _analysed(args: argparse.Namespace, ray: str | bool | None, chosen: Run | No
                 ray=ray,
                 run=chosen or getattr(args, "run", None),  # the run found here: its manifests are not read again
                 strict=True,
+                details=bool(args.html),  # the page alone shows run facts and top ops
             )
         finally:
             reading.close()  # before any other line, so the display never mixes with them

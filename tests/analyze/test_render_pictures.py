@@ -25,7 +25,6 @@ import pytest
 
 from instrument import cli, naming
 from instrument.analyze import Report, analyze, write_html, write_png
-from instrument.analyze._details import with_details
 from instrument.analyze.render import _png as picture
 from tests.analyze.test_analyze import known_run, sdk_trace
 
@@ -47,7 +46,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def report(run: Path) -> Report:
-    return with_details(analyze(run, jobs=1))
+    return analyze(run, jobs=1, details=True)
 
 
 @pytest.fixture(scope="module")
