@@ -114,8 +114,9 @@ class RunInfo:
 
     @property
     def files(self) -> tuple[str, ...]:
-        """Files saved and listed so far (exports still running are not yet here)."""
-        return tuple(os.path.join(self._session.config.save_path, r.path) for r in self._session.records)
+        """Files saved and listed so far, as absolute paths (exports still running are not yet here)."""
+        root = os.path.abspath(self._session.config.save_path)
+        return tuple(os.path.join(root, r.path) for r in self._session.records)
 
     @property
     def finished(self) -> bool:

@@ -223,11 +223,12 @@ def test_finish_returns_absolute_paths_for_a_relative_save_path(
 ) -> None:
     monkeypatch.chdir(tmp_path)
     with instrument.testing.capture():
-        ins.configure(ins.ProfilerConfig(save_path="out/profile", steps=(1,)), role="actor", rank=0, world_size=1)
+        run = ins.configure(ins.ProfilerConfig(save_path="out/profile", steps=(1,)), role="actor", rank=0, world_size=1)
         with ins.profile_step(1):
             update_actor(1)
         files = ins.finish()
     assert files, "the step timeline is a file of the run"
+    assert sorted(run.files) == sorted(files)  # RunInfo says the same paths
     for path in files:
         assert os.path.isabs(path) and Path(path).is_file()
         assert Path(path).parent == tmp_path / "out" / "profile"
