@@ -41,6 +41,7 @@ from instrument.recorders.nsys import nsys_runtime_env
 from instrument.run._clock import ROUND_TRIPS, Sample, relative, reported_host, round_trip
 from instrument.run._run_id import resolve_run_id
 from instrument.run._session import STATE, is_last_step
+from instrument.run._stages import sees_every_step
 from instrument.run._timeline import TimelineWriter
 
 __all__ = ["CONTROLLER_ROLE", "ProfileController", "ProfiledWorker", "WorkerFailure", "nsight_runtime_env"]
@@ -241,11 +242,8 @@ class ProfileController:
         )
 
     def _drives(self, step: int) -> bool:
-        # The step timeline, stage metrics and triggers need every step's boundaries on the workers;
-        # without them only profiled steps are worth two remote calls per worker.
-        config = self.config
-        every_step = (config.timeline and config.enable) or config.metrics or config.trigger is not None
-        return every_step or config.on_demand or config.profiles_step(step)
+        # Without the timeline, metrics or triggers only profiled steps are worth two remote calls per worker.
+        return sees_every_step(self.config) or self.config.profiles_step(step)
 
     def start(self, step: int) -> None:
         """Open step ``step`` on every worker (every step with the timeline, metrics or triggers; else profiled)."""

@@ -117,9 +117,10 @@ def opened_by(owner: object) -> object:
 
 def sees_every_step(config: ProfilerConfig) -> bool:
     """Whether every step of the run is opened, even under a Ray controller, which opens only the profiled
-    steps of a run without the timeline, stage metrics, a trigger or on-demand profiling (its ``_drives``):
-    only then is a stage with no step open a mistake (else it runs there by design, on the free path)."""
-    return config.enable and (config.timeline or config.metrics or config.trigger is not None or config.on_demand)
+    steps of a run without the timeline, stage metrics, a trigger or on-demand profiling (they need every
+    step's bounds): only then is a stage with no step open a mistake (else it runs there by design, on the
+    free path)."""
+    return (config.timeline and config.enable) or config.metrics or config.trigger is not None or config.on_demand
 
 
 class StageTracing:
