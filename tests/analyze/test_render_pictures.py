@@ -11,6 +11,7 @@ committed real vLLM traces of ``tests/data/vllm``.
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
@@ -94,6 +95,16 @@ def test_an_engine_counts_its_work_and_its_frontend_window_is_not_stacked_again(
     assert "collectives" not in heatmap.get_title()  # no collective waited in: not explained
     cells = [t.get_text() for t in heatmap.texts]
     assert "126.5" in cells and "246.6" not in cells
+
+
+def test_an_engine_inside_a_traced_generating_stage_is_not_stacked_on_it(engine: Report) -> None:
+    (work,) = [s for s in engine.stages if s.stage == "engine"]
+    generating = dataclasses.replace(work, stage="generate_sequences", role="rollout")  # the stage it served
+    both = dataclasses.replace(engine, stages=(*engine.stages, generating))
+    breakdown = next(ax for ax in _drawn(both).axes if ax.get_title().startswith("(b)"))
+    heights = [bar.get_height() for container in breakdown.containers for bar in container]
+    assert sum(heights) == pytest.approx(work.ranks[0].judged_ms)  # the generating stage's, not twice that
+    assert _legend_labels(breakdown) == ["generate_sequences"]  # the engine, inside it, is not a bar of its own
 
 
 def test_a_run_without_engines_says_nothing_of_them(report: Report) -> None:

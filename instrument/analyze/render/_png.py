@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from instrument.analyze._model import Report, StageStats, label_key
+from instrument.analyze._model import GENERATION_STAGES, Report, StageStats, label_key
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._lanes import TimelineView, nesting_depths, steps_within, timeline_view
 from instrument.analyze.render._words import ms
@@ -44,6 +44,9 @@ _PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
     "#bcbd22", "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#f7b6d2", "#9edae5",
 )  # fmt: skip
+
+
+_GENERATING = frozenset(label_key(name) for name in GENERATION_STAGES)
 
 
 def stage_colors(series: Iterable[tuple[str, str]]) -> dict[tuple[str, str], str]:
@@ -297,12 +300,15 @@ def _draw_breakdown(
     ax: Any, report: Report, colors: dict[tuple[str, str], str], order: dict[tuple[str, str], int], width_in: float
 ) -> None:
     """(b) per step, the stages' times stacked in pipeline order from the bottom (each stage's slowest rank, by
-    work where the table judges by work: an engine's execution, never its window twice), each in its colour."""
+    work where the table judges by work: an engine's execution, never its window twice), each in its colour.
+    An engine's execution is part of the step's generating stage: stacked only in a step where none was traced."""
     steps = sorted({s.step for s in report.stages}, key=lambda step: (step is None, step or 0))  # as the pipeline
+    generating = {s.step for s in report.stages if not s.engine_side and label_key(s.stage) in _GENERATING}
     series: dict[tuple[str, str], dict[int | None, float]] = {}
     rows: dict[tuple[str, str], list[StageStats]] = defaultdict(list)
     for stage in report.stages:
-        series.setdefault((stage.role, stage.stage), {})[stage.step] = shown_ms(stage)
+        inside = stage.engine_side and stage.step in generating
+        series.setdefault((stage.role, stage.stage), {})[stage.step] = 0.0 if inside else shown_ms(stage)
         rows[stage.role, stage.stage].append(stage)
     drawn = sorted((k for k in series if any(series[k].values())), key=lambda k: _order_key(order, *k))
     roles = len(report.roles)
