@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, asdict, dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from instrument import naming
-from instrument.timeline import SpanColumns
+from instrument.timeline import SpanColumns, SpanTable
 
 if TYPE_CHECKING:
     from instrument.timeline import Span
@@ -337,6 +337,11 @@ def findings_text(report: TimelineReport, limit: int = 5) -> list[str]:
     return [f.text for f in report.findings[:limit]]
 
 
+def _column(code: str, values: Sequence[int]) -> array[int]:
+    """``values`` as an array of ``code``: the same array when it is one already (columns read are not changed)."""
+    return values if isinstance(values, array) and values.typecode == code else array(code, values)
+
+
 SpanRow = tuple[str, str, str, int, int, int, int]
 """One span of a :class:`TimelineLane`: kind, role, stage, step, start ns, end ns, thread index."""
 
@@ -362,9 +367,22 @@ class TimelineLane:
 
     @classmethod
     def of(
-        cls, *, role: str, rank: int, host: str, pid: int, spans: Iterable[Span] | SpanColumns, shift_ns: int = 0
+        cls,
+        *,
+        role: str,
+        rank: int,
+        host: str,
+        pid: int,
+        spans: Iterable[Span] | SpanColumns | SpanTable,
+        shift_ns: int = 0,
     ) -> TimelineLane:
-        """The lane of one process's spans, each moved by ``-shift_ns``; columns are copied as columns."""
+        """The lane of one process's spans, each moved by ``-shift_ns``.
+
+        Columns (a :class:`SpanColumns`, or a :class:`SpanTable` of one part) are copied as columns, no Span
+        made; their name, step and thread columns are shared, not copied, where they already fit."""
+        if isinstance(spans, SpanTable) and len(spans.parts) == 1:
+            columns, part_shift = spans.parts[0]
+            return cls._of_columns(role, rank, host, pid, columns, shift_ns + part_shift)
         if isinstance(spans, SpanColumns):
             return cls._of_columns(role, rank, host, pid, spans, shift_ns)
         index: dict[tuple[str, str, str], int] = {}
@@ -382,18 +400,17 @@ class TimelineLane:
     def _of_columns(
         cls, role: str, rank: int, host: str, pid: int, columns: SpanColumns, shift_ns: int
     ) -> TimelineLane:
-        # The same lane as from the columns' Span values (names in the order first used), no Span made.
+        # The lane its Span values give (names in the order first used), no Span made.
         index: dict[tuple[str, str, str], int] = {}
         remap = {n: index.setdefault(columns.names[n], len(index)) for n in dict.fromkeys(columns.name)}
         if all(n == m for n, m in remap.items()):
-            name = array("H", columns.name)
+            name = _column("H", columns.name)
         else:
             name = array("H", map(remap.__getitem__, columns.name))
         start = array("q", [s - shift_ns for s in columns.start_ns] if shift_ns else columns.start_ns)
         end = array("q", map(int.__add__, start, columns.duration_ns))
-        return cls(
-            role, rank, host, pid, tuple(index), name, array("I", columns.step), start, end, array("H", columns.thread)
-        )
+        step, thread = _column("I", columns.step), _column("H", columns.thread)
+        return cls(role, rank, host, pid, tuple(index), name, step, start, end, thread)
 
     @property
     def label(self) -> str:

@@ -492,6 +492,9 @@ def test_a_lane_copied_from_columns_is_the_lane_of_their_spans(
     columns = SpanColumns.of(own, rank).take(data.draw(st.permutations(range(len(own)))))  # names not first-used
     expected = TimelineLane.of(role="actor", rank=rank, host="h", pid=1, spans=list(columns), shift_ns=shift)
     assert TimelineLane.of(role="actor", rank=rank, host="h", pid=1, spans=columns, shift_ns=shift) == expected
+    part = SpanTable([(columns, 5)])  # a part of the analysis's table: its own shift, then the lane's
+    moved = TimelineLane.of(role="actor", rank=rank, host="h", pid=1, spans=part, shift_ns=shift - 5)
+    assert moved == expected
     assert [row[4] for row in expected.rows()] == [s.start_ns - shift for s in columns]
 
 
