@@ -15,7 +15,7 @@ from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, asdict, dataclass
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from instrument import naming
 from instrument.timeline import SpanColumns, SpanTable
@@ -31,6 +31,7 @@ __all__ = [
     "Finding",
     "MemoryFile",
     "RankStats",
+    "RankTable",
     "RankTimeline",
     "Report",
     "RoleTimeline",
@@ -45,7 +46,6 @@ __all__ = [
     "TimelineSpans",
     "TraceFile",
     "WaitRow",
-    "WaitTable",
     "findings_text",
     "label_key",
 ]
@@ -96,47 +96,11 @@ WaitRow = tuple[str | None, str, int | None, int]
 """One cause a lane waited for, as stored: (role, stage, rank, ns); role and rank ``None`` when unattributed."""
 
 
-class WaitTable:
-    """The waits of one step's lanes as columns: a :class:`TimeShare` is made only when one is read.
-
-    At 4,096 ranks a report holds ~4M waits, ~96 bytes each as objects and 20 here. Lane ``i``'s waits are
-    rows ``at[i]`` to ``at[i + 1]``: ``causes[cause[j]]`` (role, stage), ``rank[j]`` (ignored when the role is
-    ``None``: unattributed) and ``ns[j]``, in the order they are reported."""
-
-    __slots__ = ("_index", "at", "cause", "causes", "ns", "rank")
-
-    def __init__(self) -> None:
-        self.causes: list[tuple[str | None, str]] = []
-        self.cause = array("I")
-        self.rank = array("q")
-        self.ns = array("q")
-        self.at = array("I", [0])
-        self._index: dict[tuple[str | None, str], int] = {}
-
-    def add(self, rows: list[WaitRow]) -> int:
-        """Append one lane's waits (in order); returns the lane's index in this table."""
-        index = self._index
-        self.cause.extend([index.setdefault((role, stage), len(index)) for role, stage, _, _ in rows])
-        if len(index) != len(self.causes):
-            self.causes = list(index)
-        self.rank.extend([-1 if rank is None else rank for _, _, rank, _ in rows])
-        self.ns.extend([ns for _, _, _, ns in rows])
-        self.at.append(len(self.ns))
-        return len(self.at) - 2
-
-    def rows(self, lane: int) -> Iterator[WaitRow]:
-        """Lane ``lane``'s waits as (role, stage, rank, ns)."""
-        causes, cause, rank, ns = self.causes, self.cause, self.rank, self.ns
-        for j in range(self.at[lane], self.at[lane + 1]):
-            role, stage = causes[cause[j]]
-            yield role, stage, None if role is None else rank[j], ns[j]
-
-
 class RankTimeline:
     """One lane in one step: busy (its stages' union), idle (the rest of its step span), and the causes.
 
     Immutable, and equal by its values as a dataclass is. ``waited_for`` is given as :class:`TimeShare` values,
-    or as ``(table, lane)``, a lane of a step's :class:`WaitTable`: the analysis stores millions of waits that
+    or as ``(table, lane)``, a lane of a step's :class:`RankTable`: the analysis stores millions of waits that
     way, and each read makes the tuple afresh."""
 
     __slots__ = ("_lane", "_waits", "busy_ms", "idle_ms", "rank", "role")
@@ -146,7 +110,7 @@ class RankTimeline:
     role: str
     busy_ms: float
     idle_ms: float
-    _waits: tuple[TimeShare, ...] | WaitTable
+    _waits: tuple[TimeShare, ...] | RankTable
     _lane: int
 
     def __init__(
@@ -155,14 +119,14 @@ class RankTimeline:
         role: str,
         busy_ms: float,
         idle_ms: float,
-        waited_for: tuple[TimeShare, ...] | tuple[WaitTable, int] = (),
+        waited_for: tuple[TimeShare, ...] | tuple[RankTable, int] = (),
     ) -> None:
         setter = object.__setattr__
         setter(self, "rank", rank)
         setter(self, "role", role)
         setter(self, "busy_ms", busy_ms)
         setter(self, "idle_ms", idle_ms)
-        if len(waited_for) == 2 and isinstance(waited_for[0], WaitTable):
+        if len(waited_for) == 2 and isinstance(waited_for[0], RankTable):
             setter(self, "_waits", waited_for[0])
             setter(self, "_lane", waited_for[1])
         else:
@@ -175,14 +139,14 @@ class RankTimeline:
         waits = self._waits
         if isinstance(waits, tuple):
             return waits
-        return tuple(TimeShare(role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.rows(self._lane))
+        return tuple(TimeShare(role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.waits(self._lane))
 
     def waits(self) -> Iterator[tuple[str | None, str, int | None, float]]:
         """:attr:`waited_for` as (role, stage, rank, ms) tuples, no :class:`TimeShare` made."""
         waits = self._waits
         if isinstance(waits, tuple):
             return ((w.role, w.stage, w.rank, w.ms) for w in waits)
-        return ((role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.rows(self._lane))
+        return ((role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.waits(self._lane))
 
     def _values(self) -> tuple[int, str, float, float, tuple[TimeShare, ...]]:
         return (self.rank, self.role, self.busy_ms, self.idle_ms, self.waited_for)
@@ -223,6 +187,104 @@ class RankTimeline:
         }
 
 
+class RankTable(Sequence["RankTimeline"]):
+    """One step's lanes as columns: a :class:`RankTimeline` (and its :class:`TimeShare` waits) is made only when
+    one is read. Compares equal to any sequence of the same rows.
+
+    At 4,096 ranks a report holds ~400k lanes and ~4M waits: ~150 and ~96 bytes each as objects, 26 and 20 here.
+    Lane ``i`` is ``roles[role[i]]``, ``rank[i]``, ``busy_ns[i]``, ``idle_ns[i]``; its waits are rows ``at[i]``
+    to ``at[i + 1]`` of ``causes[cause[j]]`` (role, stage), ``wait_rank[j]`` (ignored when the role is ``None``:
+    unattributed) and ``wait_ns[j]``, in the order they are reported."""
+
+    __slots__ = (
+        "_causes",
+        "_roles",
+        "at",
+        "busy_ns",
+        "cause",
+        "causes",
+        "idle_ns",
+        "rank",
+        "role",
+        "roles",
+        "wait_ns",
+        "wait_rank",
+    )
+
+    def __init__(self) -> None:
+        self.roles: list[str] = []
+        self.role = array("H")
+        self.rank = array("q")
+        self.busy_ns = array("q")
+        self.idle_ns = array("q")
+        self.causes: list[tuple[str | None, str]] = []
+        self.cause = array("I")
+        self.wait_rank = array("q")
+        self.wait_ns = array("q")
+        self.at = array("I", [0])
+        self._roles: dict[str, int] = {}
+        self._causes: dict[tuple[str | None, str], int] = {}
+
+    def add(self, rank: int, role: str, busy_ns: int, idle_ns: int, waits: list[WaitRow]) -> None:
+        """Append one lane: its busy and idle time and its waits (in order)."""
+        roles = self._roles
+        self.role.append(roles.setdefault(role, len(roles)))
+        if len(roles) != len(self.roles):
+            self.roles = list(roles)
+        self.rank.append(rank)
+        self.busy_ns.append(busy_ns)
+        self.idle_ns.append(idle_ns)
+        causes = self._causes
+        self.cause.extend([causes.setdefault((r, stage), len(causes)) for r, stage, _, _ in waits])
+        if len(causes) != len(self.causes):
+            self.causes = list(causes)
+        self.wait_rank.extend([-1 if k is None else k for _, _, k, _ in waits])
+        self.wait_ns.extend([ns for _, _, _, ns in waits])
+        self.at.append(len(self.wait_ns))
+
+    def waits(self, lane: int) -> Iterator[WaitRow]:
+        """Lane ``lane``'s waits as (role, stage, rank, ns)."""
+        causes, cause, rank, ns = self.causes, self.cause, self.wait_rank, self.wait_ns
+        for j in range(self.at[lane], self.at[lane + 1]):
+            role, stage = causes[cause[j]]
+            yield role, stage, None if role is None else rank[j], ns[j]
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    @overload
+    def __getitem__(self, index: int) -> RankTimeline: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[RankTimeline, ...]: ...
+    def __getitem__(self, index: int | slice) -> RankTimeline | tuple[RankTimeline, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("lane index out of range")
+        return RankTimeline(
+            self.rank[index],
+            self.roles[self.role[index]],
+            self.busy_ns[index] / _NS_PER_MS,
+            self.idle_ns[index] / _NS_PER_MS,
+            (self, index),
+        )
+
+    def __iter__(self) -> Iterator[RankTimeline]:
+        return map(self.__getitem__, range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # grows while its step is analysed
+
+    def __repr__(self) -> str:
+        return f"RankTable({len(self)} lanes, {len(self.wait_ns)} waits)"
+
+
 @dataclass(frozen=True, slots=True)
 class RoleTimeline:
     """A role's lanes in one step, in rank-time (summed over its ``ranks`` lanes)."""
@@ -256,7 +318,7 @@ class StepTimeline:
     wall_ms: float
     critical_path: tuple[TimeShare, ...]  # in time order; sums to wall_ms; empty when clocks are not aligned
     roles: Mapping[str, RoleTimeline]
-    ranks: tuple[RankTimeline, ...]  # by (role, rank)
+    ranks: Sequence[RankTimeline]  # by (role, rank); from the analysis a RankTable, its rows made as read
     generation_ms: float
 
     @property

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.analyze._model import RankTimeline, TimelineLane, TimelineReport, TimeShare, WaitTable, findings_text
+from instrument.analyze._model import RankTable, RankTimeline, TimelineLane, TimelineReport, TimeShare, findings_text
 from instrument.analyze.analyzers._timeline import (
     IDLE,
     UNALIGNED_NOTE,
@@ -465,19 +465,33 @@ causes = st.one_of(
 
 
 @PROPERTY
-@given(lanes=st.lists(st.lists(st.tuples(causes, st.integers(0, 10**13)), max_size=4), max_size=5))
-def test_waits_stored_as_columns_read_as_the_time_shares(lanes: list[list[tuple[Any, int]]]) -> None:
-    table = WaitTable()
-    for waits in lanes:
-        rows = [(role, stage, rank, ns) for (role, stage, rank), ns in waits]
-        compact = RankTimeline(3, "actor", 1.5, 2.5, (table, table.add(rows)))
-        shares = tuple(TimeShare(role, stage, rank, ns / MS) for role, stage, rank, ns in rows)
-        plain = RankTimeline(3, "actor", 1.5, 2.5, shares)
-        assert compact.waited_for == shares and compact == plain and hash(compact) == hash(plain)
-        assert compact.to_json() == plain.to_json() == {**plain.to_json(), "waited_for": [w.to_json() for w in shares]}
-        assert [w[3] for w in compact.waits()] == [w.ms for w in shares]
-        assert pickle.loads(pickle.dumps(compact)) == plain
-        assert repr(compact) == repr(plain)
+@given(
+    lanes=st.lists(
+        st.tuples(
+            st.integers(0, 99), st.integers(0, 10**13), st.lists(st.tuples(causes, st.integers(0, 10**13)), max_size=4)
+        ),
+        max_size=5,
+    )
+)
+def test_lanes_and_waits_stored_as_columns_read_as_the_values(
+    lanes: list[tuple[int, int, list[tuple[Any, int]]]],
+) -> None:
+    table = RankTable()
+    plain = []
+    for rank, busy, waits in lanes:
+        rows = [(role, stage, who, ns) for (role, stage, who), ns in waits]
+        table.add(rank, "actor" if rank % 2 else "rollout", busy, 2 * busy, rows)
+        shares = tuple(TimeShare(role, stage, who, ns / MS) for role, stage, who, ns in rows)
+        plain.append(RankTimeline(rank, "actor" if rank % 2 else "rollout", busy / MS, 2 * busy / MS, shares))
+    assert table == tuple(plain) and list(table) == plain and len(table) == len(plain)
+    assert table[1:3] == tuple(plain[1:3]) and (not plain or table[-1] == plain[-1])
+    for compact, row in zip(table, plain, strict=True):
+        assert compact.waited_for == row.waited_for and hash(compact) == hash(row)
+        assert (
+            compact.to_json() == row.to_json() == {**row.to_json(), "waited_for": [w.to_json() for w in row.waited_for]}
+        )
+        assert [w[3] for w in compact.waits()] == [w.ms for w in row.waited_for]
+        assert pickle.loads(pickle.dumps(compact)) == row and repr(compact) == repr(row)
         with pytest.raises(AttributeError):
             compact.rank = 4
 

@@ -80,13 +80,13 @@ from typing import NamedTuple
 from instrument.analyze._model import (
     ClockInfo,
     Finding,
+    RankTable,
     RankTimeline,
     RoleTimeline,
     StepTimeline,
     TimelineReport,
     TimeShare,
     WaitRow,
-    WaitTable,
 )
 from instrument.timeline import Span, SpanColumns, SpanTable
 
@@ -410,14 +410,13 @@ class _Step:
             self.wall = wall = max(lane.end - lane.start for lane in lanes)
             path = ()
             generation = max(lane.generation for lane in lanes)
-        rows = []
+        rows = RankTable()  # the step's lanes and waits as columns: millions of waits at thousands of ranks
         role_sums: dict[str, list[int]] = {}
         role_causes: dict[str, dict[tuple[str | None, str], float]] = defaultdict(lambda: defaultdict(float))
-        table = WaitTable()  # the step's waits as columns: millions of them at thousands of ranks
         for lane in lanes:
             idle = lane.end - lane.start - lane.busy
             waits = self._waits(lane) if self.aligned else []
-            rows.append(RankTimeline(lane.rank, lane.role, _ms(lane.busy), _ms(idle), (table, table.add(waits))))
+            rows.add(lane.rank, lane.role, lane.busy, idle, waits)
             sums = role_sums.setdefault(lane.role, [0, 0, 0])
             sums[0] += 1
             sums[1] += lane.busy
@@ -430,7 +429,7 @@ class _Step:
             ranked = sorted(role_causes[role].items(), key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
             shares = tuple(TimeShare(r, s, None, ms) for (r, s), ms in ranked)
             roles[role] = RoleTimeline(role, count, _ms(busy), _ms(idle), shares)
-        return StepTimeline(self.step, _ms(wall), path, roles, tuple(rows), _ms(generation))
+        return StepTimeline(self.step, _ms(wall), path, roles, rows, _ms(generation))
 
     def stage_time(self) -> dict[tuple[str, str], int]:
         """(role, stage) -> ns of the step it accounts for: on the critical path; unaligned, its longest lane."""
