@@ -3,8 +3,8 @@
 Writes a synthetic disaggregated run as real timeline files (the writer's ``encode_*`` records; half the ranks
 rollout, half actor; rollout generates in chunks while the actor ranks wait outside any stage, then the actor
 ranks run their stages; one slow rollout rank; a few µs to ms of jitter everywhere; 8 ranks a host, each host's
-clock off by its own offset, with the clock estimate that puts it back) into a temporary directory, then, in a
-fresh process for each size (so that peaks do not mix), times the real path: read every file
+clock off by its own offset, with the clock estimate that puts it back, 0 ± 0 on rank 0's host) into a temporary
+directory, then, in a fresh process for each size (so that peaks do not mix), times the real path: read every file
 (:func:`find_timelines`), :func:`align`, :func:`analyze_timeline`. Side by side, in the same process, the floor:
 the time to merely read the files' bytes (``x floor``: the real path's time over it), and, after, the time to make
 every span a :class:`Span` once (``Spans s``: what reading them as objects cost at the least). Sizes: 1/4, 1/2 and
@@ -59,6 +59,8 @@ def write_run(directory: Path, ranks: int, steps: int, stages: int, seed: int = 
         data = bytearray(header)
         if host:
             data += encode_clock(host_offset_ns(host), 200_000, "store round trip")
+        else:  # as a run records it: the reference host's processes are on the reference clock
+            data += encode_clock(0, 0, "same host as rank 0")
         data += encode_name(0, "step", role, "")
         for i in range(stages):
             data += encode_name(i + 1, "stage", role, f"{'generate' if role == 'rollout' else 'update'}_{i}")
