@@ -59,7 +59,8 @@ JSON: the contract's keys, plus ``clock.note``, ``skipped_spans``, each step's `
 ``generation_pct``, each role's ``waited_for`` and a bubble's ``waiting_for``; milliseconds rounded to µs.
 Cost: linear in the spans but for a sort per lane and per role (no rank is compared with every other:
 "what ended as this rank resumed" is a bisection in the step's stage ends, by role). Memory: the spans stay
-columns; one step's worth of them is made into objects at a time (index runs by step find them).
+columns; one step's worth of them is made into objects at a time (index runs by step find them), and each
+step's result keeps its lanes and their waits as columns (:class:`~instrument.analyze._model.RankTable`).
 
 One module of ~730 lines, on purpose: the step analysis, the judgement across steps and the words share
 private index types (lanes, the per-role end index); the result values are in :mod:`instrument.analyze._model`,
