@@ -266,7 +266,7 @@ def _timeline(
     wanted = filters.stages
     kept = on_axis.spans.where(  # columns kept as columns: no span object per span here
         ranks=filters.ranks,
-        steps=opened if filters.steps is None else opened & set(filters.steps),
+        steps=opened if filters.steps is None else {step for step in opened if step in filters.steps},  # intervals
         names=None if wanted is None else lambda kind, _role, stage: kind == "step" or label_key(stage) in wanted,
     )
     if not len(kept):
