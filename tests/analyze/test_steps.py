@@ -152,16 +152,18 @@ def _free_port() -> int:
 
 
 def _profiled_rank(rank: int, world: int, out: str, port: int) -> None:
-    """One rank of a tiny RL loop under the real profiler; the straggler is busy 0.5 s longer before the barrier.
+    """One rank of a tiny RL loop under the real profiler; the straggler is busy 1.5 s longer before the barrier.
 
     Its extra time is a sleep, a lower bound however loaded the machine is: the test names the straggler
-    without racing the clock (the others' few milliseconds of work would have to stretch 100-fold).
+    without racing the clock (the others' few milliseconds of work would have to stretch 300-fold; under a
+    full suite on 2 busy cores, with OpenMP threads spinning, they once stretched to a second).
     """
     import torch
     import torch.distributed as dist
     from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)  # two ranks on a busy 2-core box: spinning OpenMP threads would stretch the work most
     dist.init_process_group("gloo", rank=rank, world_size=world)
     steps = 2
 
@@ -181,7 +183,7 @@ def _profiled_rank(rank: int, world: int, out: str, port: int) -> None:
             with record_function("generate_sequences"):
                 work(40)
                 if rank == 1:
-                    time.sleep(0.5)
+                    time.sleep(1.5)
                 dist.barrier()
             with record_function("update_actor"):
                 work(20)
