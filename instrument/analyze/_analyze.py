@@ -288,37 +288,39 @@ _SHIFTED_NOTE = (
 
 
 def _lanes(per_process: list[tuple[Timeline, SpanTable]], aligned: bool) -> TimelineSpans:
-    """The kept spans per process, from the first span on.
+    """The kept spans per process (each a table of one part: its columns and its shift), from the first span on.
 
     Not aligned: a host's lanes are moved so that its first step starts with the reference host's (the
-    lowest rank's), so the picture is readable; its clock's own origin (days since boot) would put it anywhere."""
+    lowest rank's), so the picture is readable; its clock's own origin (days since boot) would put it anywhere.
+    Read from the columns: no span object is made here."""
+    parts = [(timeline, *table.parts[0]) for timeline, table in per_process if len(table)]
     shift: dict[str, int] = {}
     if not aligned:
         first: dict[str, dict[int, int]] = {}  # host -> step -> its earliest start there
-        for timeline, own in per_process:
+        for timeline, columns, moved in parts:
             starts = first.setdefault(timeline.host, {})
-            for s in own:
-                if s.kind == "step" and s.start_ns < starts.get(s.step, s.start_ns + 1):
-                    starts[s.step] = s.start_ns
-        reference = min((t for t, _ in per_process), key=lambda t: (t.rank, t.pid)).host
-        ours = first.get(reference, {})
+            step_names = {i for i, (kind, _, _) in enumerate(columns.names) if kind == "step"}
+            for name, step, start in zip(columns.name, columns.step, columns.start_ns, strict=True):
+                if name in step_names and start - moved < starts.get(step, start - moved + 1):
+                    starts[step] = start - moved
+        reference = min((t for t, _, _ in parts), key=lambda t: (t.rank, t.pid), default=None)
+        ours = first.get(reference.host, {}) if reference is not None else {}
         for host, starts in first.items():
             common = sorted(set(starts) & set(ours)) or sorted(starts)
-            if host != reference and common and ours:
+            if reference is not None and host != reference.host and common and ours:
                 step = common[0]
                 shift[host] = starts[step] - ours.get(step, min(ours.values()))
-    origin = min((s.start_ns - shift.get(timeline.host, 0) for timeline, own in per_process for s in own), default=0)
+    origin = min((min(columns.start_ns) - moved - shift.get(t.host, 0) for t, columns, moved in parts), default=0)
     lanes = [
         TimelineLane.of(
             role=timeline.role,
             rank=timeline.rank,
             host=timeline.host,
             pid=timeline.pid,
-            spans=own,
+            spans=SpanTable([(columns, moved)]),
             shift_ns=origin + shift.get(timeline.host, 0),
         )
-        for timeline, own in per_process
-        if own
+        for timeline, columns, moved in parts
     ]
     lanes.sort(key=lambda lane: (lane.role, lane.rank, lane.pid))
     return TimelineSpans(tuple(lanes), aligned=aligned, note=None if aligned else _SHIFTED_NOTE)
