@@ -837,9 +837,9 @@ class Report:
     timeline_spans: TimelineSpans | None = None
     """The spans behind :attr:`timeline`, per process, for the pictures and ``--merged-trace`` (not in ``--json``)."""
     run: RunFacts | None = None
-    """What the files say about the run, for the page (:func:`~._details.with_details`; not in ``--json``)."""
+    """What the files say about the run, for the page (``analyze(..., details=True)``; not in ``--json``)."""
     stage_ops: tuple[StageOps, ...] = ()
-    """The top ops of each role's stage, for the page (:func:`~._details.with_details`; not in ``--json``)."""
+    """The top ops of each role's stage, for the page (``analyze(..., details=True)``; not in ``--json``)."""
 
     @property
     def ok(self) -> bool:
