@@ -182,8 +182,20 @@ def _export(args: argparse.Namespace) -> int:
     kind, out = args.layout
     if args.png or args.html or args.no_png or getattr(args, "merged_trace", None):
         return _error("--layout writes no analysis: drop --png, --no-png, --html and --merged-trace")
+    runs, chosen = _runs(args)
+    said = runs_line(runs, chosen)
+    if said is not None:
+        _say(f"instrument analyze: {_printable(said)}", sys.stderr)
     try:
-        done = export_layout(args.directory, out, kind, ranks=args.ranks, steps=args.steps, stages=args.stage)
+        done = export_layout(
+            args.directory,
+            out,
+            kind,
+            ranks=args.ranks,
+            steps=args.steps,
+            stages=args.stage,
+            run=chosen or getattr(args, "run", None),
+        )
     except (OSError, ValueError) as exc:
         return _error(str(exc))
     for skipped in done.skipped:

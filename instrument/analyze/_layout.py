@@ -36,9 +36,10 @@ from typing import Any, BinaryIO
 
 from instrument import naming
 from instrument.analyze._model import Skipped, TraceFile
+from instrument.analyze._selection import Selection
 from instrument.analyze.analyzers._fold import Filters
 from instrument.analyze.traces import _safe_io
-from instrument.analyze.traces._discover import discover
+from instrument.analyze.traces._discover import ALL_RUNS, Run, discover, find_runs, select_run
 from instrument.analyze.traces._reader import TraceError, read_header, with_rank_from_header
 
 __all__ = ["LAYOUTS", "Export", "Exported", "export_layout"]
@@ -115,15 +116,20 @@ def _chosen(
     ranks: Iterable[int] | None,
     steps: Iterable[int] | None,
     stages: Iterable[str] | None,
+    run: str | Run | None,
 ) -> tuple[list[TraceFile], list[Skipped]]:
     """The traces to export (one per folder and rank, first by path), and the files left out.
 
-    The filters keep exactly the files the analysis with the same filters reads: a file whose steps or
-    stages lie inside it (a continuous trace, a plain torch trace) stays whatever ``steps`` and
+    The run and the filters keep exactly the files the analysis with the same ones reads: a file whose
+    steps or stages lie inside it (a continuous trace, a plain torch trace) stays whatever ``steps`` and
     ``stages`` say, as the analysis reads it and keeps the steps and stages asked for.
     """
     filters = Filters.of(ranks, steps, stages)
+    picked = (
+        run if isinstance(run, Run) else None if run == ALL_RUNS else select_run(find_runs(directory), run, directory)
+    )
     found, skipped = discover(directory)
+    found = [trace for trace in found if Selection(picked).keeps(trace.path)]  # one run's files never collide
     taken: dict[tuple[str, str], str] = {}
     chosen: list[TraceFile] = []
     for trace in found:
@@ -371,17 +377,19 @@ def export_layout(
     ranks: Iterable[int] | None = None,
     steps: Iterable[int] | None = None,
     stages: Iterable[str] | None = None,
+    run: str | Run | None = None,
 ) -> Export:
     """Write the ``layout`` (``"hta"`` or ``"tensorboard"``) of the traces in ``directory`` into ``out``.
 
-    ``out`` must be absent (it is created) or an empty folder, outside ``directory``.  ``ranks`` /
-    ``steps`` / ``stages`` keep the files :func:`~instrument.analyze.analyze` keeps with the same filters.
+    ``out`` must be absent (it is created) or an empty folder, outside ``directory``.  ``run`` (the newest
+    by default, ``"all"``, an id) / ``ranks`` / ``steps`` / ``stages`` keep the files
+    :func:`~instrument.analyze.analyze` keeps with the same ones.
     Raises ``ValueError`` for a bad layout, filter or ``out``, ``OSError`` when ``directory`` cannot be listed.
     Files that cannot be exported are returned in :attr:`Export.skipped`, the rest is still written.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"layout must be one of {', '.join(LAYOUTS)} (got {layout!r})")
-    chosen, skipped = _chosen(directory, ranks, steps, stages)
+    chosen, skipped = _chosen(directory, ranks, steps, stages, run)
     root = _prepare_out(directory, out)
     files: list[Exported] = []
     tree = _Tree(root)

@@ -147,6 +147,24 @@ def test_run_picks_an_older_run_or_every_run(
     assert all(r["selected"] for r in data["runs"])
 
 
+def test_a_layout_exports_the_newest_run_or_the_run_asked_for(
+    three_runs: tuple[Path, list[str], list[str]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    save, ids, _ = three_runs
+    newest = {p.name for p in save.glob("*.pt.trace.json*") if ids[2] in _manifest_runs(save).get(p.name, "")}
+    assert main(["analyze", str(save), "--layout", "hta", str(tmp_path / "newest"), "--json"]) == 0
+    exported = json.loads(capsys.readouterr().out)
+    assert len(newest) == 2 and {Path(f["source"]).name for f in exported["files"]} == newest  # no duplicate
+    assert main(["analyze", str(save), "--layout", "hta", str(tmp_path / "older"), "--run", ids[1]]) == 0
+    assert len(list((tmp_path / "older").rglob("*.json*"))) == 3  # that run's steps 1-3
+    capsys.readouterr()
+
+
+def _manifest_runs(save: Path) -> dict[str, str]:
+    """Each listed file's run id, from the manifests."""
+    return {Path(r.path).name: r.run.id for r in read_manifests(save) if r.run is not None}
+
+
 def test_an_unknown_run_exits_2_naming_the_runs_there(
     three_runs: tuple[Path, list[str], list[str]], capsys: pytest.CaptureFixture[str]
 ) -> None:
