@@ -13,11 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
-import json
-import os
 import re
-import shutil
-import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -27,11 +23,10 @@ import pytest
 from instrument import cli, naming
 from instrument.analyze import Report, analyze, write_html, write_png
 from instrument.analyze.render import _png as picture
+from tests.analyze.browser import needs_chromium, probe
 from tests.analyze.test_analyze import known_run, sdk_trace
 
 VLLM_BUSY = Path(__file__).parents[1] / "data" / "vllm" / "busy"
-_CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-_HANG_GUARD_S = 300  # a guard against a hung browser, not a timing
 
 
 @pytest.fixture(scope="module")
@@ -190,62 +185,20 @@ window.addEventListener('load', function () {
   document.body.appendChild(pre);
 });
 </script>"""
-_ERRORS_HOOK = (
-    "<script>window.__probeErrors=[];window.addEventListener('error',function(e){__probeErrors.push(String(e.message))});"
-    "(function(){var ce=console.error;console.error=function(){__probeErrors.push(Array.from(arguments).join(' '));"
-    "ce.apply(console,arguments)}})();</script>"
-)
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium) for the browser test")
+@needs_chromium
 def test_the_page_works_offline_in_headless_chromium(report: Report, tmp_path: Path) -> None:
     page = write_html(report, tmp_path / "analysis.html")
-    probed = tmp_path / "probed.html"
-    text = page.read_text(encoding="utf-8")
-    probed.write_text(text.replace("<head>", "<head>" + _ERRORS_HOOK, 1).replace("</body>", _PROBE + "</body>", 1))
-    base = [
-        str(_CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-        "--host-resolver-rules=MAP * ~NOTFOUND",  # should the page ask the network, nothing answers
-        "--virtual-time-budget=30000",
-        "--enable-logging=stderr",
-        "--v=0",
-    ]
-    env = {**os.environ, "HOME": str(tmp_path)}
-    dump = subprocess.run(
-        [*base, "--dump-dom", probed.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=_HANG_GUARD_S,
-        env=env,
-        check=False,
-    )
-    found = re.search(r'<pre id="probe">(.*?)</pre>', dump.stdout, re.S)
-    assert found, f"the probe wrote nothing; stderr:\n{dump.stderr[-3000:]}"
-    seen = json.loads(
-        found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-    )
-    assert seen["errors"] == [] and seen["resources"] == []  # no console error, no request
-    console = [line for line in dump.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
-    assert console == [], console
-    assert seen["image"] > 0  # the picture decodes
-    assert {"Run", "Stages", "Top ops per stage", "Memory files", "Skipped files (1)"} <= set(seen["sections"])
-    files = [Path(unquote(urlparse(link).path)) for link in seen["links"] if link.startswith("file:")]
+    seen = probe(page, _PROBE, tmp_path)
+    assert seen.seen["errors"] == [] and seen.seen["resources"] == []  # no console error, no request
+    assert seen.console == [], seen.console
+    assert seen.seen["image"] > 0  # the picture decodes
+    assert {"Run", "Stages", "Top ops per stage", "Memory files", "Skipped files (1)"} <= set(seen.seen["sections"])
+    files = [Path(unquote(urlparse(link).path)) for link in seen.seen["links"] if link.startswith("file:")]
     read = {Path(f) for s in report.stages for r in s.ranks for f in r.files}
     assert read <= set(files) and all(f.is_file() for f in files)  # the browser resolves them to the traces
-    shot = tmp_path / "page.png"
-    subprocess.run(
-        [*base, "--hide-scrollbars", "--window-size=1300,2400", f"--screenshot={shot}", page.as_uri()],
-        capture_output=True,
-        timeout=_HANG_GUARD_S,
-        env=env,
-        check=True,
-    )
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_the_command_writes_the_page_with_its_details(

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +25,7 @@ from instrument.analyze.render._merged import merged_trace_bytes
 from instrument.analyze.render._png import _figure
 from instrument.analyze.render._timeline_html import DIV_ID, timeline_figure
 from instrument.timeline import encode_clock, encode_header, encode_name, encode_span, encode_thread
+from tests.analyze.browser import needs_chromium, probe
 
 MS = 1_000_000
 BASE = 7_000 * MS  # the made-up clock's reading at step 1
@@ -327,14 +326,7 @@ def test_many_ranks_are_drawn_as_role_bands_with_their_outliers(tmp_path: Path) 
 
 # --------------------------------------------------------------------------- in a real browser
 
-_CHROMIUM = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
-_HANG_GUARD_S = 300  # a guard against a hung browser, not a timing: the page runs on virtual time
 
-_ERRORS_HOOK = (
-    "<script>window.__probeErrors=[];window.addEventListener('error',function(e){__probeErrors.push(String(e.message))});"
-    "(function(){var ce=console.error;console.error=function(){__probeErrors.push(Array.from(arguments).join(' '));"
-    "ce.apply(console,arguments)}})();</script>"
-)
 # What the page drew, read from its DOM once plotly has drawn; then a hover on rank 3's step-2 generation and a zoom.
 _PROBE = r"""<script>
 window.addEventListener('load', function () {
@@ -382,37 +374,10 @@ window.addEventListener('load', function () {
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(_CHROMIUM is None, reason="no chromium binary (apt-get install -y chromium) for the browser test")
+@needs_chromium
 def test_the_page_draws_the_timeline_in_headless_chromium(report: Report, tmp_path: Path) -> None:
-    page = write_html(report, tmp_path / "analysis.html").read_text(encoding="utf-8")
-    probed = tmp_path / "probed.html"
-    probed.write_text(page.replace("<head>", "<head>" + _ERRORS_HOOK, 1).replace("</body>", _PROBE + "</body>", 1))
-    profile = tmp_path / "chromium-profile"
-    base = [
-        str(_CHROMIUM),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        f"--user-data-dir={profile}",
-        "--host-resolver-rules=MAP * ~NOTFOUND",  # should the page ask the network, nothing answers
-        "--virtual-time-budget=30000",
-        "--enable-logging=stderr",
-        "--v=0",
-    ]
-    env = {**os.environ, "HOME": str(tmp_path)}
-    dump = subprocess.run(
-        [*base, "--dump-dom", probed.as_uri()],
-        capture_output=True,
-        text=True,
-        timeout=_HANG_GUARD_S,
-        env=env,
-        check=False,
-    )
-    found = re.search(r'<pre id="probe">(.*?)</pre>', dump.stdout, re.S)
-    assert found, f"the probe wrote nothing; stderr:\n{dump.stderr[-3000:]}"
-    seen = json.loads(
-        found.group(1).replace("&quot;", '"').replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
-    )
+    probed = probe(write_html(report, tmp_path / "analysis.html"), _PROBE, tmp_path, window="1400,1200")
+    seen = probed.seen
     assert seen["drawn"], seen
     assert sorted(seen["lanes"]) == ["actor rank 0", "actor rank 1", "rollout rank 2", "rollout rank 3"]
     assert seen["bars"] == 4 * STEPS + 2 * STEPS + 2 * STEPS + STEPS  # steps, generation, updates, rank 0's forward
@@ -424,20 +389,4 @@ def test_the_page_draws_the_timeline_in_headless_chromium(report: Report, tmp_pa
     assert {"Zoom", "Pan", "Reset axes"} <= set(seen["modebar"]) and "Share chart..." not in seen["modebar"]
     assert seen["resources"] == [] and seen["external"] == []  # no network request, no external source
     assert seen["errors"] == []
-    console = [line for line in dump.stderr.splitlines() if "CONSOLE" in line or "Uncaught" in line]
-    assert console == [], console
-    shot = tmp_path / "timeline.png"
-    subprocess.run(
-        [
-            *base,
-            "--hide-scrollbars",
-            "--window-size=1400,1200",
-            f"--screenshot={shot}",
-            (tmp_path / "analysis.html").as_uri(),
-        ],
-        capture_output=True,
-        timeout=_HANG_GUARD_S,
-        env=env,
-        check=True,
-    )
-    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert probed.console == [], probed.console
