@@ -158,7 +158,7 @@ def test_discrete_sdk_traces_give_the_traced_steps_and_the_straggler(
 
 def _plain_trace(path: Path, *, steps: bool, rank: int | None = None) -> None:
     """A loop of 3 recorded steps: generate (40 ms), update_actor (10 ms), then 20 ms outside any stage."""
-    schedule = torch.profiler.schedule(wait=0, warmup=1, active=3) if steps else None
+    schedule = torch.profiler.schedule(wait=0, warmup=1, active=3, repeat=1) if steps else None
 
     def save(prof: profile) -> None:
         prof.export_chrome_trace(str(path))
