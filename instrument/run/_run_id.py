@@ -6,7 +6,8 @@ It is agreed, in this order, through:
 1. ``$INSTRUMENT_RUN_ID``, set by the user or the launcher for every process;
 2. torchrun's ``$TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``; torchrun's default ``none`` does not count);
 3. the torch.distributed store, when the default group is up at ``configure()``: rank 0 sets a key, the
-   others wait for it at most :data:`STORE_WAIT_S` seconds (then fall through, with one warning);
+   others wait for it at most :data:`STORE_WAIT_S` seconds (then fall through, with one warning: the
+   analysis joins such a rank's ``time`` run to the store's run of its world size started within a minute);
 4. the Ray job, when ``ray`` is imported and initialised in this process (the controller and its actors
    share it): the cluster's session name and the job id, as job ids restart on a fresh cluster;
 5. the launcher's environment: ``$SLURM_JOB_ID`` and ``$SLURM_STEP_ID`` (one ``srun`` each);
@@ -121,8 +122,8 @@ def _from_store(rank: int, world_size: int, offer: RunStamp) -> RunStamp | None:
     except Exception as exc:  # a timeout (rank 0 configures later), a store that went away
         logger.warning(
             "instrument: rank %d could not agree on the run id with rank 0 through the torch.distributed store "
-            "(waited at most %.0f s; %s: %s); it names its run by itself, so `instrument analyze` may show this "
-            "rank's files as a run apart (set %s for every process to agree)",
+            "(waited at most %.0f s; %s: %s); it names its run by itself, and `instrument analyze` joins its files "
+            "to rank 0's run if rank 0 started within a minute of it (set %s for every process to agree)",
             rank,
             STORE_WAIT_S,
             type(exc).__name__,

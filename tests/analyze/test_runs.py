@@ -17,10 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from instrument import naming
 from instrument.analyze import analyze
 from instrument.analyze.traces._discover import NO_RUN_ID, Run, _joined, find_runs, runs_line, select_run
 from instrument.cli import main
-from instrument.manifest import read_manifests
+from instrument.manifest import RunStamp, TraceRecord, read_manifests
 
 pytest.importorskip("torch")
 
@@ -235,7 +236,9 @@ def test_an_old_manifest_without_run_ids_is_one_run(tmp_path: Path) -> None:
 
 @given(
     st.lists(
-        st.tuples(st.floats(0, 1000, allow_nan=False), st.sampled_from(["time", "process"]), st.integers(1, 3)),
+        st.tuples(
+            st.floats(0, 1000, allow_nan=False), st.sampled_from(["time", "process", "store"]), st.integers(1, 3)
+        ),
         max_size=12,
     )
 )
@@ -246,9 +249,39 @@ def test_time_runs_join_only_within_a_minute_and_one_world_size(
     alias = _joined(seen)
     for run_id, head in alias.items():
         started, source, world = seen[run_id]
-        assert source == "time" and seen[head][1] == "time" and seen[head][2] == world
-        assert 0 <= started - seen[head][0] < 60
+        assert source == "time" and seen[head][1] in ("time", "store") and seen[head][2] == world
+        if seen[head][1] == "store":  # a rank that gave up on rank 0's id: the nearest store run, either side
+            gap = abs(started - seen[head][0])
+            assert gap < 60
+            assert all(
+                abs(started - begun) >= gap for begun, src, size in seen.values() if (src, size) == ("store", world)
+            )
+        else:
+            assert 0 <= started - seen[head][0] < 60
+            assert not any(abs(started - b) < 60 for b, src, size in seen.values() if (src, size) == ("store", world))
         assert head not in alias  # one step: a run joins a head, never a chain
+
+
+def test_a_rank_that_gave_up_on_rank_0s_id_joins_rank_0s_run(tmp_path: Path) -> None:
+    """Rank 1 configured first and waited in vain; rank 0 configured 5 s later: one run, rank 0's id."""
+    for rank, (run_id, source, started) in enumerate([("host-pid7-x", "store", 1005.0), ("t1-w2", "time", 1000.0)]):
+        base = naming.trace_basename(role="actor", stage="update_actor", step=1, rank=rank, world_size=2)
+        (tmp_path / f"{base}.pt.trace.json.gz").write_bytes(b"")
+        stamp = RunStamp(run_id, source, started)
+        record = TraceRecord(
+            path=f"{base}.pt.trace.json.gz",
+            role="actor",
+            stage="update_actor",
+            step=1,
+            rank=rank,
+            world_size=2,
+            bytes=0,
+            tool="torch",
+            run=stamp,
+        )
+        (tmp_path / f"instrument-manifest-h-pid{rank}.jsonl").write_text(record.to_json() + "\n")
+    (run,) = find_runs(tmp_path)
+    assert run.id == "host-pid7-x" and run.files == 2
 
 
 def test_the_runs_line_names_five_older_runs_and_counts_the_rest() -> None:

@@ -113,14 +113,21 @@ def find_runs(directory: str | os.PathLike[str]) -> list[Run]:
 
 
 def _joined(seen: dict[str, list[Any]]) -> dict[str, str]:
-    """``time`` runs started less than :data:`RUN_JOIN_S` after an earlier one of the same world size: its id."""
+    """Each ``time`` run (processes that agreed no id) and the run it is part of: the run of the same world size
+    agreed through the store and started nearest, less than :data:`RUN_JOIN_S` apart (a rank that gave up
+    waiting for rank 0's id, which configured later), else the ``time`` run it started less than that after."""
     alias: dict[str, str] = {}
+    stores = [(run_id, started, world) for run_id, (started, source, world) in seen.items() if source == "store"]
     heads: dict[int, tuple[str, float]] = {}  # world size -> the run it joins, and that run's start
     for run_id, (started, source, world) in sorted(seen.items(), key=lambda item: item[1][0]):
         if source != "time":
             continue
+        near = [(abs(begun - started), other) for other, begun, size in stores if size == world]
+        gap, nearest = min(near, default=(RUN_JOIN_S, ""))
         head = heads.get(world)
-        if head is not None and started - head[1] < RUN_JOIN_S:
+        if gap < RUN_JOIN_S:
+            alias[run_id] = nearest
+        elif head is not None and started - head[1] < RUN_JOIN_S:
             alias[run_id] = head[0]
         else:
             heads[world] = (run_id, started)
