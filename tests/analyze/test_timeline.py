@@ -170,6 +170,21 @@ def test_disaggregated_layouts_name_the_slow_rollout_rank(
     assert "actor rank" in straggler.text and "each for it" in straggler.text
 
 
+def test_idle_with_no_other_rank_to_wait_for_is_said_to_be_the_ranks_own_code() -> None:
+    """One process, 40 ms of each 100 ms step between its stages: nothing on another rank explains it."""
+    spans = []
+    for step in (1, 2, 3):
+        t = (step - 1) * 100
+        spans += [step_span("actor", 0, t, t + 100, step), stage("actor", "generate", 0, t, t + 30, step)]
+        spans.append(stage("actor", "update_actor", 0, t + 70, t + 100, step))
+    (bubble,) = [f for f in analyze_timeline(spans, aligned=True).findings if f.kind == "bubble"]
+    assert bubble.text == (
+        "actor ranks are idle 40% of their step time (40 ms a step each), in their own code between profiled "
+        "stages (no other rank's stage ended as they resumed)"
+    )
+    assert bubble.waiting_for is None
+
+
 def test_a_driver_holding_the_step_open_is_no_bubble() -> None:
     spans = [step_span("controller", 99, 0, 110)]
     for rank in (0, 1):

@@ -716,11 +716,13 @@ def _bubble_findings(steps: tuple[StepTimeline, ...], worked: set[str], aligned:
         ranked = sorted(causes[name].items(), key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
         ranked = [(cause, ms) for cause, ms in ranked[:2] if ms >= 0.01 * rank_time]  # not a 0% cause
         if ranked:
-            said = [
-                f"{'nothing identified' if r is None else f'{r} {s}'} {100 * ms / rank_time:.0f}%"
-                for (r, s), ms in ranked
-            ]
-            text += ", waiting for " + ", ".join(said)
+            said = [f"{r} {s} {100 * ms / rank_time:.0f}%" for (r, s), ms in ranked if r is not None]
+            alone = sum(ms for (r, _), ms in ranked if r is None)
+            if said:
+                text += ", waiting for " + ", ".join(said)
+            if alone:  # no stage of another rank ended as it resumed: its own code between its stages
+                text += f"; {100 * alone / rank_time:.0f}% " if said else ", "
+                text += "in their own code between profiled stages (no other rank's stage ended as they resumed)"
         elif not aligned:
             text += " (clocks not aligned: what they waited for is unknown)"
         cause = next(((r, s) for (r, s), _ in ranked if r is not None), None)
