@@ -33,7 +33,9 @@ from instrument.naming import TIMELINE_SUFFIX
 WORLD = 3
 STEPS = 3
 SLOW = 2
-GENERATE_S = {0: 0.05, 1: 0.05, SLOW: 0.4}
+# The slow rank's sleep is a lower bound; the fast ranks' 50 ms (and their profiler's start, inside the step)
+# may stretch on a busy box: 1.2 s leaves them more than half a second to stretch before an assertion moves.
+GENERATE_S = {0: 0.05, 1: 0.05, SLOW: 1.2}
 UPDATE_S = 0.05
 HANG_GUARD_S = 600.0
 
