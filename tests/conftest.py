@@ -5,7 +5,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -61,3 +62,23 @@ def without_timeline(items: Iterable[_T]) -> list[_T]:
         return str(item["path"] if isinstance(item, dict) else item.path)
 
     return [item for item in items if not path(item).endswith(TIMELINE_SUFFIX)]
+
+
+SPAWN_GUARD_S = 600.0
+"""Ranks still running after this are killed and the test fails: a hang guard, never a timing."""
+
+
+def spawn_ranks(target: Callable[..., None], args: tuple[Any, ...], nprocs: int) -> None:
+    """Run ``target(rank, *args)`` in ``nprocs`` real processes (torch.multiprocessing) and wait for them all;
+    a rank that fails fails the test, ranks that hang are killed after :data:`SPAWN_GUARD_S`."""
+    import torch.multiprocessing as mp
+
+    spawn: Any = mp.spawn  # type: ignore[attr-defined,unused-ignore]
+    context = spawn(target, args=args, nprocs=nprocs, join=False)
+    assert context is not None
+    guard = time.monotonic() + SPAWN_GUARD_S
+    while not context.join(timeout=1):
+        if time.monotonic() > guard:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the ranks were still running after {SPAWN_GUARD_S:g} s")

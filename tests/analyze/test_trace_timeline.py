@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile, record_function
@@ -29,6 +28,7 @@ from instrument.analyze._model import TraceFile
 from instrument.analyze.traces._reader import FileScan
 from instrument.analyze.traces._trace_spans import FROM_TRACES_NOTE, NO_STEP_RANGES, TraceSpans
 from instrument.naming import TIMELINE_SUFFIX
+from tests.conftest import spawn_ranks
 
 WORLD = 3
 STEPS = 3
@@ -37,7 +37,6 @@ SLOW = 2
 # may stretch on a busy box: 1.2 s leaves them more than half a second to stretch before an assertion moves.
 GENERATE_S = {0: 0.05, 1: 0.05, SLOW: 1.2}
 UPDATE_S = 0.05
-HANG_GUARD_S = 600.0
 
 
 # --------------------------------------------------------------------------- the SDK's traces, real ranks
@@ -67,15 +66,7 @@ def _rank(rank: int, save: str, rendezvous: str, discrete: bool) -> None:
 
 def _sdk_run(tmp_path: Path, discrete: bool) -> Path:
     save = tmp_path / "profile"
-    spawn: Any = mp.spawn  # type: ignore[attr-defined,unused-ignore]
-    context = spawn(_rank, args=(str(save), str(tmp_path / "rendezvous"), discrete), nprocs=WORLD, join=False)
-    assert context is not None
-    guard = time.monotonic() + HANG_GUARD_S
-    while not context.join(timeout=1):
-        if time.monotonic() > guard:  # a hang guard only
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the ranks were still running after {HANG_GUARD_S:g} s")
+    spawn_ranks(_rank, (str(save), str(tmp_path / "rendezvous"), discrete), nprocs=WORLD)
     return save
 
 

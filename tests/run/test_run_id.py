@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given
@@ -17,6 +15,7 @@ import instrument as ins
 from instrument.manifest import read_manifests
 from instrument.run import _run_id
 from instrument.run._run_id import RUN_ID_ENV, older_runs, resolve_run_id
+from tests.conftest import spawn_ranks
 
 HANG_GUARD_S = 600.0  # ranks still running after this are killed and the test fails
 
@@ -126,20 +125,11 @@ def _rank(rank: int, save: str, rendezvous: str, configure_on_0: bool) -> None:
 
 
 def _spawn(tmp_path: Path, name: str, configure_on_0: bool) -> Path:
-    import torch.multiprocessing as mp
 
     save = tmp_path / name
     save.mkdir()
     rendezvous = str(tmp_path / f"{name}.rdv")
-    spawn: Any = mp.spawn  # type: ignore[attr-defined]
-    context = spawn(_rank, args=(str(save), rendezvous, configure_on_0), nprocs=2, join=False)
-    assert context is not None
-    guard = time.monotonic() + HANG_GUARD_S
-    while not context.join(timeout=1):
-        if time.monotonic() > guard:  # a hang guard only
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the ranks were still running after {HANG_GUARD_S:g} s")
+    spawn_ranks(_rank, (str(save), rendezvous, configure_on_0), nprocs=2)
     return save
 
 

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 
 from instrument.analyze.traces._timelines import align, find_timelines
 from instrument.run._clock import HOST_ENV, Sample, best, relative, reported_host, round_trip
+from tests.conftest import spawn_ranks
 
 NS = st.integers(min_value=-(1 << 60), max_value=1 << 60)
 DELAY = st.integers(min_value=0, max_value=1 << 40)
@@ -69,7 +70,6 @@ def test_the_reported_host_is_the_stand_in_when_set(monkeypatch: pytest.MonkeyPa
 WORLD = 4
 STEPS = 2
 PRETEND = {2: "pretend-host-b", 3: "pretend-host-b"}  # ranks 2 and 3 stand in for a second host
-HANG_GUARD_S = 600.0
 GENEROUS_NS = 2_000_000_000  # an uncertainty beyond 2 s would be no estimate worth having
 
 
@@ -100,19 +100,8 @@ def _rank(rank: int, save: str, rendezvous: str) -> None:
 
 @pytest.mark.slow
 def test_ranks_on_another_host_measure_their_clock_and_the_axis_is_aligned(tmp_path: Path) -> None:
-    from torch.multiprocessing.spawn import spawn
-
     save = tmp_path / "profile"
-    context = spawn(  # type: ignore[no-untyped-call]
-        _rank, args=(str(save), str(tmp_path / "rendezvous")), nprocs=WORLD, join=False
-    )
-    assert context is not None
-    guard = time.monotonic() + HANG_GUARD_S
-    while not context.join(timeout=1):
-        if time.monotonic() > guard:  # a hang guard only
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the ranks were still running after {HANG_GUARD_S:g} s")
+    spawn_ranks(_rank, (str(save), str(tmp_path / "rendezvous")), nprocs=WORLD)
 
     timelines, skipped = find_timelines(save)
     assert skipped == []

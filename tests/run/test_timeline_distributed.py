@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 import instrument as ins
 from instrument.analyze import analyze
+from tests.conftest import spawn_ranks
 
 pytestmark = pytest.mark.slow
 
@@ -25,7 +25,6 @@ WORLD = 4
 STEPS = 3
 GENERATE_S = {2: 0.1, 3: 0.5}  # rank 3 is the slow rollout rank
 UPDATE_S = 0.1
-HANG_GUARD_S = 600.0
 
 
 def _rank(rank: int, save: str, rendezvous: str) -> None:
@@ -55,14 +54,7 @@ def _rank(rank: int, save: str, rendezvous: str) -> None:
 
 def test_idle_waits_critical_path_and_the_straggler_across_real_ranks(tmp_path: Path) -> None:
     save = tmp_path / "profile"
-    context = mp.spawn(_rank, args=(str(save), str(tmp_path / "rendezvous")), nprocs=WORLD, join=False)
-    assert context is not None
-    guard = time.monotonic() + HANG_GUARD_S
-    while not context.join(timeout=1):
-        if time.monotonic() > guard:  # a hang guard only
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the ranks were still running after {HANG_GUARD_S:g} s")
+    spawn_ranks(_rank, (str(save), str(tmp_path / "rendezvous")), nprocs=WORLD)
     data = analyze(save, jobs=1).to_dict()
 
     timeline = data["timeline"]
