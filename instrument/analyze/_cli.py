@@ -73,11 +73,8 @@ def parse_int_list(text: str) -> IntRanges:
     return IntRanges(intervals)
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """The arguments of ``instrument analyze``."""
-    parser.epilog = _EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("directory", metavar="DIR", help="a save_path: trace files and instrument-manifest-*.jsonl")
+def add_filters(parser: argparse.ArgumentParser) -> None:
+    """``--all-ranks`` / ``--ranks``, ``--steps`` and ``--stage``: the filters analyze and compare share."""
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--all-ranks", action="store_true", help="every rank (the default)")
     who.add_argument("--ranks", type=parse_int_list, metavar="LIST", help="only these global ranks, e.g. 0,2 or 0-3")
@@ -85,6 +82,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--stage", action="append", metavar="NAME", help="only this stage (update_actor or update-actor); repeat it"
     )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments of ``instrument analyze``."""
+    parser.epilog = _EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("directory", metavar="DIR", help="a save_path: trace files and instrument-manifest-*.jsonl")
+    add_filters(parser)
     parser.add_argument(
         "--run",
         metavar="ID",

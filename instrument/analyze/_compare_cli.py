@@ -14,7 +14,7 @@ import json
 import sys
 from typing import TextIO
 
-from instrument.analyze._cli import parse_int_list
+from instrument.analyze._cli import add_filters
 from instrument.analyze._compare_runs import compare
 from instrument.analyze.analyzers._compare_stats import MIN_CHANGE_PCT
 from instrument.analyze.render._compare import render_compare_text, write_compare_html
@@ -53,13 +53,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(
             name, metavar=name.upper(), help=f"{what}: a save_path, or the --json output of instrument analyze"
         )
-    who = parser.add_mutually_exclusive_group()
-    who.add_argument("--all-ranks", action="store_true", help="every rank (the default)")
-    who.add_argument("--ranks", type=parse_int_list, metavar="LIST", help="only these global ranks, e.g. 0,2 or 0-3")
-    parser.add_argument("--steps", type=parse_int_list, metavar="LIST", help="only these steps, e.g. 1,3")
-    parser.add_argument(
-        "--stage", action="append", metavar="NAME", help="only this stage (update_actor or update-actor); repeat it"
-    )
+    add_filters(parser)
     parser.add_argument(
         "--min-change",
         type=_pct,
