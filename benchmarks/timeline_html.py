@@ -20,7 +20,7 @@ from array import array
 from pathlib import Path
 
 from instrument.analyze import write_html
-from instrument.analyze._model import (
+from instrument.analyze.model import (
     ClockInfo,
     Finding,
     RankTimeline,

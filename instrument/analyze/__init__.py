@@ -6,7 +6,7 @@
 >>> worst.stage, worst.straggler_rank, worst.ratio            # doctest: +SKIP
 >>> print(render_text(report)); write_png(report, "a.png"); write_html(report, "a.html")  # doctest: +SKIP
 
-Four layers, each importing only those below it: the values (:mod:`._model`: :class:`Report` and
+Four layers, each importing only those below it: the values (:mod:`.model`: :class:`Report` and
 what it holds), reading the files (:mod:`.traces`), the numbers (:mod:`.analyzers`, joined up by
 :func:`analyze`), and the renderers (:mod:`.render`), which take a :class:`Report`.
 Reading streams every file once (``ijson``), so memory follows the largest file, not the set.
@@ -17,11 +17,19 @@ them when called.  See ``docs/analyze.md``.
 from __future__ import annotations
 
 from instrument.analyze._analyze import analyze
-from instrument.analyze._compare_model import Comparison
 from instrument.analyze._compare_runs import compare
-from instrument.analyze._model import CLOCK_CAVEAT, MemoryFile, RankStats, Report, Skipped, StageStats, TraceFile
-from instrument.analyze._ray import RayUnavailableError
+from instrument.analyze.model import (
+    CLOCK_CAVEAT,
+    Comparison,
+    MemoryFile,
+    RankStats,
+    Report,
+    Skipped,
+    StageStats,
+    TraceFile,
+)
 from instrument.analyze.render import render_text, write_html, write_png
+from instrument.analyze.traces._ray import RayUnavailableError
 
 __all__ = [
     "CLOCK_CAVEAT",

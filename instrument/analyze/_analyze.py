@@ -2,7 +2,7 @@
 
 It finds the files (:func:`~instrument.analyze.traces._discover.discover`), applies the filters,
 drops duplicates, reads every file once (in worker processes when the set is large, or as Ray tasks:
-:mod:`._ray`) and folds the per-file segments (:mod:`.analyzers._fold`) into
+:mod:`.traces._ray`) and folds the per-file segments (:mod:`.analyzers._fold`) into
 :class:`~instrument.analyze.RankStats` and :class:`~instrument.analyze.StageStats`
 (:mod:`.analyzers._stats`).
 """
@@ -18,8 +18,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from instrument.analyze._details import with_details
-from instrument.analyze._model import (
+from instrument.analyze.analyzers._fold import Fold
+from instrument.analyze.analyzers._snapshots import find_memory_files
+from instrument.analyze.analyzers._stats import compare
+from instrument.analyze.analyzers._timeline import TimelineReport, analyze_timeline
+from instrument.analyze.model import (
+    Filters,
     MemoryFile,
     Report,
     Skipped,
@@ -28,15 +32,12 @@ from instrument.analyze._model import (
     TraceFile,
     label_key,
 )
-from instrument.analyze._ray import scan_on_ray
-from instrument.analyze._selection import Selection
-from instrument.analyze.analyzers._fold import Filters, Fold
-from instrument.analyze.analyzers._snapshots import find_memory_files
-from instrument.analyze.analyzers._stats import compare
-from instrument.analyze.analyzers._timeline import TimelineReport, analyze_timeline
+from instrument.analyze.traces._details import with_details
 from instrument.analyze.traces._discover import ALL_RUNS, Run, discover, find_runs, select_run
 from instrument.analyze.traces._names import worker_label
+from instrument.analyze.traces._ray import scan_on_ray
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
+from instrument.analyze.traces._selection import Selection
 from instrument.analyze.traces._timelines import align, find_timelines
 from instrument.analyze.traces._trace_spans import FROM_TRACES_NOTE, NO_STEP_RANGES, TraceSpans
 from instrument.naming import TIMELINE_SUFFIX
@@ -138,7 +139,7 @@ def analyze(
 
     ``run``: which run of ``path`` (see ``docs/analyze.md``, Runs): ``None`` the newest; an id (or a unique
     start of one), or a :class:`~.traces._discover.Run` found before: that run; ``"all"`` every file.
-    ``strict``: raise :class:`~._selection.NothingMatchedError` (a ``ValueError``) when the filters keep
+    ``strict``: raise :class:`~.traces._selection.NothingMatchedError` (a ``ValueError``) when the filters keep
     nothing, or ``path`` holds no trace, instead of an empty report. A filter naming values partly absent
     gets a note in :attr:`Report.notes`.
 
@@ -159,7 +160,7 @@ def analyze(
     ``progress`` (a :class:`ReadProgress`) hears when reading begins and as each file is done.
 
     ``ray``: read the files as Ray tasks instead, on the cluster at this address (``True``: Ray's own
-    choice, see :func:`~instrument.analyze._ray.scan_on_ray`); every node must see ``path`` at the same
+    choice, see :func:`~instrument.analyze.traces._ray.scan_on_ray`); every node must see ``path`` at the same
     place. The report is the same; ``jobs`` is then the cluster's CPUs. See ``docs/scale.md``.
 
     Files that cannot be read are listed in :attr:`Report.skipped` with the reason; raises

@@ -23,13 +23,12 @@ from typing import TextIO
 
 from instrument._terminal import Display, human_bytes, wanted
 from instrument.analyze._analyze import analyze
-from instrument.analyze._intervals import IntRanges
 from instrument.analyze._layout import export_layout
-from instrument.analyze._model import Report, Skipped
-from instrument.analyze._ray import RayUnavailableError
-from instrument.analyze._selection import NothingMatchedError
+from instrument.analyze.model import IntRanges, Report, Skipped
 from instrument.analyze.render import render_text, write_html, write_merged_trace, write_png
 from instrument.analyze.traces._discover import ALL_RUNS, Run, find_runs, runs_line, select_run
+from instrument.analyze.traces._ray import RayUnavailableError
+from instrument.analyze.traces._selection import NothingMatchedError
 
 __all__ = ["DEFAULT_PNG", "add_arguments", "main_from_args", "parse_int_list"]
 

@@ -4,7 +4,7 @@ Each side is a ``save_path`` — analysed by :func:`~instrument.analyze.analyze`
 files, under the same filters) — or the ``--json`` output of ``instrument analyze``. The sides become plain
 values (:func:`~.analyzers._compare.side_from_analysis`), are judged (:func:`~.analyzers._compare.compare_sides`),
 and each reported change gets its causes: the ops and kernels of a few of its instances' trace files, read
-once each (:func:`._compare_ops.read_ops`), and the windows and nested stages of the timeline.
+once each (:func:`.traces._ops.read_ops`), and the windows and nested stages of the timeline.
 """
 
 from __future__ import annotations
@@ -21,12 +21,8 @@ from typing import Any
 
 from instrument import naming
 from instrument.analyze._analyze import PARALLEL_MIN_BYTES, analyze
-from instrument.analyze._compare_model import Cause, Change, Comparison, Method
-from instrument.analyze._compare_ops import read_ops
-from instrument.analyze._model import Report, label_key
 from instrument.analyze.analyzers._compare import (
     Instance,
-    OpTable,
     RunSide,
     compare_sides,
     inner_causes,
@@ -39,7 +35,8 @@ from instrument.analyze.analyzers._compare import (
 )
 from instrument.analyze.analyzers._compare_stats import ALPHA, MIN_CHANGE_PCT, MIN_SAMPLES
 from instrument.analyze.analyzers._compare_words import findings
-from instrument.analyze.analyzers._fold import Filters
+from instrument.analyze.model import Cause, Change, Comparison, Filters, Method, OpTable, Report, label_key
+from instrument.analyze.traces._ops import read_ops
 from instrument.analyze.traces._reader import TraceError
 
 __all__ = ["CAUSE_INSTANCES", "compare"]

@@ -35,12 +35,11 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from instrument import naming
-from instrument.analyze._model import Skipped, TraceFile
-from instrument.analyze._selection import Selection
-from instrument.analyze.analyzers._fold import Filters
+from instrument.analyze.model import Filters, Skipped, TraceFile
 from instrument.analyze.traces import _safe_io
 from instrument.analyze.traces._discover import ALL_RUNS, Run, discover, find_runs, select_run
 from instrument.analyze.traces._reader import TraceError, read_header, with_rank_from_header
+from instrument.analyze.traces._selection import Selection
 
 __all__ = ["LAYOUTS", "Export", "Exported", "export_layout"]
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from instrument.analyze._intervals import IntRanges
-from instrument.analyze._selection import _without
+from instrument.analyze.model import IntRanges
+from instrument.analyze.traces._selection import _without
 from instrument.cli import main
 from tests.analyze.test_runs import real_run
 

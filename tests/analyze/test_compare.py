@@ -21,8 +21,8 @@ import pytest
 
 from instrument import naming
 from instrument.analyze import Comparison, analyze, compare
-from instrument.analyze._compare_model import Verdict
 from instrument.analyze.analyzers._compare_stats import ALPHA, judge, mann_whitney, ratio_interval
+from instrument.analyze.model import Verdict
 from instrument.analyze.render._compare import render_compare_text, write_compare_html
 from instrument.timeline import encode_header, encode_name, encode_span, encode_thread
 

@@ -21,7 +21,7 @@ if str(EXAMPLES) not in sys.path:  # the examples import each other as top-level
 
 import ppo_demo  # noqa: E402
 
-from instrument.analyze._compare_ops import read_ops  # noqa: E402
+from instrument.analyze.traces._ops import read_ops  # noqa: E402
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,8 @@ import pytest
 
 from instrument.analyze import analyze
 from instrument.analyze._cli import parse_int_list
-from instrument.analyze._intervals import IntRanges
-from instrument.analyze.analyzers._fold import Filters
 from instrument.analyze.analyzers._snapshots import find_memory_files
+from instrument.analyze.model import Filters, IntRanges
 
 HUGE = "0-999999999999"
 

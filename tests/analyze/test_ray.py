@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 
 from instrument import cli
 from instrument.analyze import TraceFile, analyze, render_text
-from instrument.analyze._ray import _batches, _scan_batch
+from instrument.analyze.traces._ray import _batches, _scan_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 HANG_GUARD_S = 600  # a stuck cluster fails the test instead of hanging CI; never a speed check

@@ -18,7 +18,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.analyze._model import RankTable, RankTimeline, TimelineLane, TimelineReport, TimeShare, findings_text
 from instrument.analyze.analyzers._timeline import (
     IDLE,
     UNALIGNED_NOTE,
@@ -26,6 +25,7 @@ from instrument.analyze.analyzers._timeline import (
     WAIT_TOLERANCE_NS,
     analyze_timeline,
 )
+from instrument.analyze.model import RankTable, RankTimeline, TimelineLane, TimelineReport, TimeShare, findings_text
 from instrument.analyze.traces._timelines import align, find_timelines
 from instrument.naming import TIMELINE_SUFFIX
 from instrument.timeline import (

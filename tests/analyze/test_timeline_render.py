@@ -19,7 +19,7 @@ import pytest
 
 from instrument import cli
 from instrument.analyze import analyze, write_html, write_png
-from instrument.analyze._model import Report
+from instrument.analyze.model import Report
 from instrument.analyze.render._lanes import timeline_view
 from instrument.analyze.render._merged import merged_trace_bytes
 from instrument.analyze.render._png import _figure

@@ -24,7 +24,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 import instrument as ins
 from instrument import cli
 from instrument.analyze import analyze
-from instrument.analyze._model import TraceFile
+from instrument.analyze.model import TraceFile
 from instrument.analyze.traces._reader import FileScan
 from instrument.analyze.traces._trace_spans import FROM_TRACES_NOTE, NO_STEP_RANGES, TraceSpans
 from instrument.naming import TIMELINE_SUFFIX

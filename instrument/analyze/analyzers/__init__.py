@@ -2,5 +2,5 @@
 role x stage x rank under the filters, :mod:`._stats` compares the ranks of a stage and names its
 straggler, :mod:`._snapshots` lists the memory files beside the traces (with their peaks).
 
-They take what :mod:`instrument.analyze.traces` read and give :mod:`instrument.analyze._model` values.
+They take what :mod:`instrument.analyze.traces` read and give :mod:`instrument.analyze.model` values.
 """

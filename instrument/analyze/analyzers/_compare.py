@@ -3,7 +3,7 @@
 Input: each run as a :class:`RunSide` — per (role, stage) the duration of every stage instance (one rank's
 stage in one step) from the step timeline and from the traces, the step times, the timeline's summary, the
 windows and stages nested in each stage — made from an analysis by :func:`side_from_analysis`. Output:
-the :mod:`.._compare_model` values. Beside it: the test and interval (:mod:`._compare_stats`) and the words
+the :mod:`..model` values. Beside it: the test and interval (:mod:`._compare_stats`) and the words
 (:mod:`._compare_words`).
 
 - **Samples.** Per (role, stage), the per-(step, rank) durations: from the timeline when both runs have it
@@ -29,23 +29,23 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from instrument.analyze._compare_model import (
+from instrument.analyze.analyzers._compare_stats import Judged, judge
+from instrument.analyze.model import (
     Cause,
     Change,
     Method,
+    OpTable,
     Overlap,
     PathShare,
     RoleIdle,
     TimelineComparison,
     Verdict,
+    label_key,
 )
-from instrument.analyze._model import label_key
-from instrument.analyze.analyzers._compare_stats import Judged, judge
 
 __all__ = [
     "TOP_CAUSES",
     "Instance",
-    "OpTable",
     "RunSide",
     "StageSamples",
     "TimelineSummary",
@@ -87,28 +87,6 @@ class StageSamples:
     """Time (ms) the CPU side was blocked in collectives, per instance (traces)."""
     files: dict[Instance, tuple[str, ...]] = field(default_factory=dict)
     """The trace files each instance was measured from (traces)."""
-
-
-@dataclass
-class OpTable:
-    """Ops and kernels of one stage instance (or of one file's part of it), by name."""
-
-    rows: dict[tuple[str, str], list[float]] = field(default_factory=dict)
-    """(``op`` | ``kernel``, name) -> [ms, calls]."""
-    comm: set[tuple[str, str]] = field(default_factory=set)
-    """The rows that are collectives."""
-    kernel_ms: float = 0.0
-    kernel_comm_ms: float = 0.0
-
-    def add(self, other: OpTable) -> None:
-        """Fold in another part of the same instance (a second window's file)."""
-        for key, (spent, calls) in other.rows.items():
-            held = self.rows.setdefault(key, [0.0, 0.0])
-            held[0] += spent
-            held[1] += calls
-        self.comm |= other.comm
-        self.kernel_ms += other.kernel_ms
-        self.kernel_comm_ms += other.kernel_comm_ms
 
 
 @dataclass

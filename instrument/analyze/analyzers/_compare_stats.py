@@ -8,7 +8,7 @@
 - :func:`ratio_interval`: the Hodges-Lehmann interval of the log ratio — the k-th smallest and largest of the
   pairwise differences of log durations, ``k`` the test's critical value — found by bisection on its value
   (never the m*n differences themselves), so it excludes 0 exactly when the test rejects (ties aside).
-- :func:`judge`: medians, change, interval, p-value and the verdict (:class:`~.._compare_model.Verdict`).
+- :func:`judge`: medians, change, interval, p-value and the verdict (:class:`~..model.Verdict`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from instrument.analyze._compare_model import Verdict
+from instrument.analyze.model import Verdict
 
 __all__ = [
     "ALPHA",

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from instrument.analyze._compare_model import (
+from instrument.analyze.analyzers._compare import TimelineSummary
+from instrument.analyze.model import (
     Change,
     CompareFinding,
     Method,
@@ -18,7 +19,6 @@ from instrument.analyze._compare_model import (
     TimelineComparison,
     Verdict,
 )
-from instrument.analyze.analyzers._compare import TimelineSummary
 
 __all__ = ["IDLE_CHANGE_POINTS", "findings"]
 

@@ -1,21 +1,19 @@
-"""Per-file segments summed per step x role x stage x rank (:class:`Fold`), and the filters applied to them
-(:class:`Filters`: the analysis and the ``--layout`` export choose files with the same one)."""
+"""Per-file segments summed per step x role x stage x rank (:class:`Fold`), through the analysis's
+:class:`~instrument.analyze.model.Filters`."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from instrument.analyze._intervals import IntRanges
-from instrument.analyze._model import RankStats, Skipped, TraceFile, label_key
 from instrument.analyze.analyzers._stats import US_PER_MS
+from instrument.analyze.model import Filters, RankStats, Skipped, TraceFile, label_key
 from instrument.analyze.traces._gpu import GpuTimes
 from instrument.analyze.traces._kernels import KernelTimes
 from instrument.analyze.traces._reader import FileScan, meta_label
 
-__all__ = ["Filters", "Fold"]
+__all__ = ["Fold"]
 
 
 @dataclass
@@ -40,64 +38,6 @@ class _Cell:
     work_us: float | None = None
     iterations: int = 0
     tokens: int = 0
-
-
-def _ints(values: Iterable[int] | None, name: str) -> IntRanges | None:
-    if values is None:
-        return None
-    if isinstance(values, IntRanges):
-        return values  # already intervals (``--ranks 0-999999999999``): never expanded
-    out = set()
-    for value in values:
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"'{name}' must hold non-negative ints: {value!r}")
-        out.add(value)
-    return IntRanges.of(out)
-
-
-@dataclass(frozen=True)
-class Filters:
-    """What ``--ranks``, ``--steps`` and ``--stage`` keep (``None``: everything); stages as label keys."""
-
-    ranks: IntRanges | None
-    steps: IntRanges | None
-    stages: frozenset[str] | None
-
-    @classmethod
-    def of(
-        cls,
-        ranks: Iterable[int] | None = None,
-        steps: Iterable[int] | None = None,
-        stages: Iterable[str] | str | None = None,
-        all_ranks: bool = True,
-    ) -> Filters:
-        """The filters of :func:`~instrument.analyze.analyze`'s arguments; ``ValueError`` for a bad one.
-
-        ``ranks=None`` keeps every rank unless ``all_ranks=False``, which keeps rank 0.
-        """
-        rank_filter = _ints(ranks, "ranks")
-        if rank_filter is None and not all_ranks:
-            rank_filter = IntRanges.of([0])
-        if isinstance(stages, str):
-            stages = [stages]
-        return cls(
-            ranks=rank_filter,
-            steps=_ints(steps, "steps"),
-            stages=None if stages is None else frozenset(label_key(s) for s in stages),
-        )
-
-    def keeps(self, trace: TraceFile) -> bool:
-        """Whether ``trace`` is read at all (a file holding several steps or stages is filtered by segment)."""
-        if self.ranks is not None and (trace.rank is None or trace.rank not in self.ranks):
-            return False
-        if self.steps is not None and not trace.inside and trace.step not in self.steps:
-            return False  # a file whose steps lie inside it is filtered by segment
-        # a continuous trace holds every stage: its segments are filtered after reading
-        return self.stages is None or trace.continuous or trace.inside or label_key(trace.stage) in self.stages
-
-    def keeps_stage(self, stage: str) -> bool:
-        """Whether a segment of this stage counts."""
-        return self.stages is None or label_key(stage) in self.stages
 
 
 _CellKey = tuple[int | None, str, str, str, int | str]

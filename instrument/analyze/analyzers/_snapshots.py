@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument import manifest, naming
-from instrument.analyze._intervals import IntRanges
-from instrument.analyze._model import MemoryFile, label_key
+from instrument.analyze.model import IntRanges, MemoryFile, label_key
 from instrument.analyze.traces import _safe_io
 from instrument.naming import parse_trace_name
 

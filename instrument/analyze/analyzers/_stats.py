@@ -19,7 +19,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from instrument.analyze._model import ENGINE_STAGES, GENERATION_STAGES, RankStats, StageStats, label_key
+from instrument.analyze.model import ENGINE_STAGES, GENERATION_STAGES, RankStats, StageStats, label_key
 
 __all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_SHARE", "US_PER_MS", "across", "compare", "step_totals"]
 
@@ -91,7 +91,7 @@ def _order(stage: StageStats) -> tuple[float, float, int, str, str]:
 
 def step_totals(groups: Mapping[Any, list[RankStats]]) -> dict[int | None, float]:
     """Each step's time from its stages: their median wall times added up, each second once. Engine and
-    frontend rows (:data:`~instrument.analyze._model.ENGINE_STAGES`) profile the seconds of the stage that
+    frontend rows (:data:`~instrument.analyze.model.ENGINE_STAGES`) profile the seconds of the stage that
     generates, and each other's: they add only to a step without a generating stage, and then once (the longest)."""
     own: dict[int | None, float] = {}
     generating: set[int | None] = set()

@@ -60,10 +60,10 @@ JSON: the contract's keys, plus ``clock.note``, ``skipped_spans``, each step's `
 Cost: linear in the spans but for a sort per lane and per role (no rank is compared with every other:
 "what ended as this rank resumed" is a bisection in the step's stage ends, by role). Memory: the spans stay
 columns; one step's worth of them is made into objects at a time (index runs by step find them), and each
-step's result keeps its lanes and their waits as columns (:class:`~instrument.analyze._model.RankTable`).
+step's result keeps its lanes and their waits as columns (:class:`~instrument.analyze.model.RankTable`).
 
 One module of ~730 lines, on purpose: the step analysis, the judgement across steps and the words share
-private index types (lanes, the per-role end index); the result values are in :mod:`instrument.analyze._model`,
+private index types (lanes, the per-role end index); the result values are in :mod:`instrument.analyze.model`,
 and the rulers mark where it would split (one step, across steps, words).
 """
 
@@ -78,7 +78,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from instrument.analyze._model import (
+from instrument.analyze.model import (
     ClockInfo,
     Finding,
     RankTable,

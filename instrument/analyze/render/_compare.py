@@ -13,7 +13,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from instrument.analyze._compare_model import Change, Comparison, Verdict
+from instrument.analyze.model import Change, Comparison, Verdict
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._words import ms
 

@@ -14,7 +14,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from urllib.parse import quote
 
-from instrument.analyze._model import Report
+from instrument.analyze.model import Report
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._png import png_bytes, report_colors, windows_label
 from instrument.analyze.render._tables import (

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from instrument.analyze._model import Report, TimelineLane
+from instrument.analyze.model import Report, TimelineLane
 
 __all__ = [
     "FULL_LANES",

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from instrument.analyze._model import Report, TimelineLane
+from instrument.analyze.model import Report, TimelineLane
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._lanes import lane_labels
 

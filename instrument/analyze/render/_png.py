@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from instrument.analyze._model import GENERATION_STAGES, Report, StageStats, label_key
+from instrument.analyze.model import GENERATION_STAGES, Report, StageStats, label_key
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._lanes import TimelineView, nesting_depths, steps_within, timeline_view
 from instrument.analyze.render._words import ms

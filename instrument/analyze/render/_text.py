@@ -15,7 +15,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from instrument.analyze._model import Report
+from instrument.analyze.model import Report
 from instrument.analyze.render._tables import (
     BAD_RATIO,
     GPU_HEADERS,

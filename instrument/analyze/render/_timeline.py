@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from instrument.analyze._model import Report, StepTimeline, TimeShare, findings_text
+from instrument.analyze.model import Report, StepTimeline, TimeShare, findings_text
 from instrument.analyze.render._words import ms
 
 __all__ = ["FINDINGS_SHOWN", "STEP_HEADERS", "findings_lines", "step_rows"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from instrument.analyze._model import Report
+from instrument.analyze.model import Report
 from instrument.analyze.render._lanes import DrawnLane, TimelineView, nesting_depths, steps_within, timeline_view
 from instrument.analyze.render._timeline import STEP_HEADERS, findings_lines, step_rows
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from instrument.analyze._model import Skipped, TraceFile
+from instrument.analyze.model import Skipped, TraceFile
 from instrument.analyze.traces import _safe_io
 from instrument.analyze.traces._names import TRACE_SUFFIXES, complete_dp_ranks, from_name, is_trace_name
 from instrument.manifest import read_manifests

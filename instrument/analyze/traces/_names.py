@@ -23,7 +23,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from instrument import naming
-from instrument.analyze._model import TraceFile
+from instrument.analyze.model import TraceFile
 from instrument.ranks import EngineTraceName, parse_engine_trace_name
 
 __all__ = [

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from instrument.analyze._model import TraceFile
+from instrument.analyze.model import TraceFile
 from instrument.analyze.traces import _safe_io, _stream
 from instrument.analyze.traces._gpu import GpuRow
 from instrument.analyze.traces._kernels import KernelTimes, kernel_times

@@ -19,7 +19,7 @@ from array import array
 from collections.abc import Iterable
 from typing import Any
 
-from instrument.analyze._model import label_key
+from instrument.analyze.model import label_key
 from instrument.analyze.traces._gpu import GpuAccumulator, is_profiler_step
 from instrument.analyze.traces._steps import (
     COLLECTIVE,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from instrument.analyze._model import Skipped
+from instrument.analyze.model import Skipped
 from instrument.naming import TIMELINE_SUFFIX
 from instrument.timeline import ClockEstimate, SpanColumns, SpanTable, Timeline, TimelineError, read_timeline
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument import naming
-from instrument.analyze._model import TraceFile
+from instrument.analyze.model import TraceFile
 from instrument.analyze.traces._reader import FileScan
 from instrument.timeline import Span, SpanColumns, Timeline
 

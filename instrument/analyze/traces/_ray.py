@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import instrument
-from instrument.analyze._model import Skipped, TraceFile
+from instrument.analyze.model import Skipped, TraceFile
 from instrument.analyze.traces._reader import FileScan, TraceError, scan_file
 
 __all__ = ["BATCHES_PER_CPU", "RayUnavailableError", "scan_on_ray"]

@@ -29,8 +29,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from instrument.analyze._model import label_key
-from instrument.analyze.analyzers._compare import OpTable
+from instrument.analyze.model import OpTable, label_key
 from instrument.analyze.traces import _safe_io, _stream
 from instrument.analyze.traces._gpu import GPU_CATS, LAUNCH_CATS, is_profiler_step
 from instrument.analyze.traces._reader import TraceError, closed_array

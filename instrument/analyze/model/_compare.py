@@ -1,7 +1,7 @@
 """The values a comparison of two runs is made of (:class:`Comparison` and what it holds).
 
-Plain values, like :mod:`._model` beside them: :mod:`.analyzers._compare` makes them, the renderers
-(:mod:`.render._compare`) show them, and :meth:`Comparison.to_dict` is the ``instrument compare --json``
+Plain values, like :mod:`._report` beside them: :mod:`..analyzers._compare` makes them, the renderers
+(:mod:`..render._compare`) show them, and :meth:`Comparison.to_dict` is the ``instrument compare --json``
 contract (``docs/compare.md``). Every duration is per stage instance — one rank's stage in one step, the
 unit the medians are taken over — unless its name says otherwise.
 """
@@ -9,7 +9,7 @@ unit the medians are taken over — unless its name says otherwise.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Comparison",
     "CompareFinding",
     "Method",
+    "OpTable",
     "Overlap",
     "PathShare",
     "RoleIdle",
@@ -368,3 +369,25 @@ class Comparison:
     def to_json(self, indent: int | None = 2) -> str:
         """:meth:`to_dict` as JSON text."""
         return json.dumps(self.to_dict(), indent=indent)
+
+
+@dataclass
+class OpTable:
+    """Ops and kernels of one stage instance (or of one file's part of it), by name."""
+
+    rows: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    """(``op`` | ``kernel``, name) -> [ms, calls]."""
+    comm: set[tuple[str, str]] = field(default_factory=set)
+    """The rows that are collectives."""
+    kernel_ms: float = 0.0
+    kernel_comm_ms: float = 0.0
+
+    def add(self, other: OpTable) -> None:
+        """Fold in another part of the same instance (a second window's file)."""
+        for key, (spent, calls) in other.rows.items():
+            held = self.rows.setdefault(key, [0.0, 0.0])
+            held[0] += spent
+            held[1] += calls
+        self.comm |= other.comm
+        self.kernel_ms += other.kernel_ms
+        self.kernel_comm_ms += other.kernel_comm_ms

@@ -1,9 +1,9 @@
 """What the page shows beside the numbers (:func:`with_details`): the run's facts from its manifests and file
-names (:class:`~._model.RunFacts`), and each role's stage's top ops by self time (:class:`~._model.StageOps`).
+names (:class:`~..model.RunFacts`), and each role's stage's top ops by self time (:class:`~..model.StageOps`).
 
 The facts cost a read of the manifests (a line per file). The ops cost a second read of a bounded set: per
 role x stage, the files of one instance (its slowest rank in its last step), each file once for every stage
-asked of it (:func:`~._compare_ops.read_ops`, the reader the comparison's causes use): the analysis's scan
+asked of it (:func:`~._ops.read_ops`, the reader the comparison's causes use): the analysis's scan
 sums time, not names, and keeping every op's name there would slow every analysis for the page alone.
 """
 
@@ -15,8 +15,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from instrument import naming
-from instrument.analyze._compare_ops import read_ops
-from instrument.analyze._model import Report, RunFacts, StageOps, StageStats, label_key
+from instrument.analyze.model import Report, RunFacts, StageOps, StageStats, label_key
+from instrument.analyze.traces._ops import read_ops
 from instrument.analyze.traces._reader import TraceError
 from instrument.manifest import read_manifests
 
@@ -27,7 +27,7 @@ TOP_OPS = 5
 
 
 def with_details(report: Report, top_ops: int = TOP_OPS) -> Report:
-    """``report`` with :attr:`~._model.Report.run` and :attr:`~._model.Report.stage_ops` filled in."""
+    """``report`` with :attr:`~..model.Report.run` and :attr:`~..model.Report.stage_ops` filled in."""
     return replace(report, run=run_facts(report), stage_ops=stage_ops(report, top_ops))
 
 

@@ -14,9 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from instrument.analyze._intervals import IntRanges
-from instrument.analyze._model import Skipped, StageStats, TraceFile, label_key
-from instrument.analyze.analyzers._fold import Filters
+from instrument.analyze.model import Filters, IntRanges, Skipped, StageStats, TraceFile, label_key
 from instrument.analyze.traces._discover import NO_RUN_ID, Run
 from instrument.timeline import SpanColumns, Timeline
 

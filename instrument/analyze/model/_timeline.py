@@ -1,0 +1,472 @@
+"""The step timeline's values: where a step's time went on each rank (:class:`RankTimeline`, kept as columns in
+:class:`RankTable`), per role (:class:`RoleTimeline`), per step (:class:`StepTimeline`), the findings
+(:class:`Finding`) and the whole (:class:`TimelineReport`); and the spans kept for drawing
+(:class:`TimelineLane`, :class:`TimelineSpans`).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import FrozenInstanceError, dataclass
+from typing import TYPE_CHECKING, Any, overload
+
+from instrument.timeline import SpanColumns, SpanTable
+
+if TYPE_CHECKING:
+    from instrument.timeline import Span
+
+__all__ = [
+    "ClockInfo",
+    "Finding",
+    "RankTable",
+    "RankTimeline",
+    "RoleTimeline",
+    "SpanRow",
+    "StepTimeline",
+    "TimeShare",
+    "TimelineLane",
+    "TimelineReport",
+    "TimelineSpans",
+    "WaitRow",
+    "findings_text",
+]
+
+_NS_PER_MS = 1_000_000
+
+
+def _round(value: float) -> float:
+    return round(value, 3)
+
+
+@dataclass(frozen=True, slots=True)
+class TimeShare:
+    """Time given to one stage on one rank (a critical-path part, or what a rank waited for).
+
+    ``stage`` is ``"idle"`` for critical-path time when no stage ran and ``"unattributed"`` for a wait
+    with no cause (then ``role`` and ``rank`` are ``None``)."""
+
+    role: str | None
+    stage: str
+    rank: int | None
+    ms: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"role": self.role, "stage": self.stage, "rank": self.rank, "ms": _round(self.ms)}
+
+
+WaitRow = tuple[str | None, str, int | None, int]
+"""One cause a lane waited for, as stored: (role, stage, rank, ns); role and rank ``None`` when unattributed."""
+
+
+class RankTimeline:
+    """One lane in one step: busy (its stages' union), idle (the rest of its step span), and the causes.
+
+    Immutable, and equal by its values as a dataclass is. ``waited_for`` is given as :class:`TimeShare` values,
+    or as ``(table, lane)``, a lane of a step's :class:`RankTable`: the analysis stores millions of waits that
+    way, and each read makes the tuple afresh."""
+
+    __slots__ = ("_lane", "_waits", "busy_ms", "idle_ms", "rank", "role")
+    __match_args__ = ("rank", "role", "busy_ms", "idle_ms", "waited_for")
+
+    rank: int
+    role: str
+    busy_ms: float
+    idle_ms: float
+    _waits: tuple[TimeShare, ...] | RankTable
+    _lane: int
+
+    def __init__(
+        self,
+        rank: int,
+        role: str,
+        busy_ms: float,
+        idle_ms: float,
+        waited_for: tuple[TimeShare, ...] | tuple[RankTable, int] = (),
+    ) -> None:
+        setter = object.__setattr__
+        setter(self, "rank", rank)
+        setter(self, "role", role)
+        setter(self, "busy_ms", busy_ms)
+        setter(self, "idle_ms", idle_ms)
+        if len(waited_for) == 2 and isinstance(waited_for[0], RankTable):
+            setter(self, "_waits", waited_for[0])
+            setter(self, "_lane", waited_for[1])
+        else:
+            setter(self, "_waits", tuple(waited_for))
+            setter(self, "_lane", 0)
+
+    @property
+    def waited_for(self) -> tuple[TimeShare, ...]:
+        """What it waited for, largest first; empty when clocks are not aligned."""
+        waits = self._waits
+        if isinstance(waits, tuple):
+            return waits
+        return tuple(TimeShare(role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.waits(self._lane))
+
+    def waits(self) -> Iterator[tuple[str | None, str, int | None, float]]:
+        """:attr:`waited_for` as (role, stage, rank, ms) tuples, no :class:`TimeShare` made."""
+        waits = self._waits
+        if isinstance(waits, tuple):
+            return ((w.role, w.stage, w.rank, w.ms) for w in waits)
+        return ((role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.waits(self._lane))
+
+    def _values(self) -> tuple[int, str, float, float, tuple[TimeShare, ...]]:
+        return (self.rank, self.role, self.busy_ms, self.idle_ms, self.waited_for)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        assert isinstance(other, RankTimeline)
+        return self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise FrozenInstanceError(f"cannot assign to field {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise FrozenInstanceError(f"cannot delete field {name!r}")
+
+    def __reduce__(self) -> tuple[type[RankTimeline], tuple[int, str, float, float, tuple[TimeShare, ...]]]:
+        return (RankTimeline, self._values())
+
+    def __repr__(self) -> str:
+        return (
+            f"RankTimeline(rank={self.rank!r}, role={self.role!r}, busy_ms={self.busy_ms!r}, "
+            f"idle_ms={self.idle_ms!r}, waited_for={self.waited_for!r})"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "role": self.role,
+            "busy_ms": _round(self.busy_ms),
+            "idle_ms": _round(self.idle_ms),
+            "waited_for": [
+                {"role": role, "stage": stage, "rank": rank, "ms": _round(ms)} for role, stage, rank, ms in self.waits()
+            ],
+        }
+
+
+class RankTable(Sequence["RankTimeline"]):
+    """One step's lanes as columns: a :class:`RankTimeline` (and its :class:`TimeShare` waits) is made only when
+    one is read. Compares equal to any sequence of the same rows.
+
+    At 4,096 ranks a report holds ~400k lanes and ~4M waits: ~150 and ~96 bytes each as objects, 26 and 20 here.
+    Lane ``i`` is ``roles[role[i]]``, ``rank[i]``, ``busy_ns[i]``, ``idle_ns[i]``; its waits are rows ``at[i]``
+    to ``at[i + 1]`` of ``causes[cause[j]]`` (role, stage), ``wait_rank[j]`` (ignored when the role is ``None``:
+    unattributed) and ``wait_ns[j]``, in the order they are reported."""
+
+    __slots__ = (
+        "_causes",
+        "_roles",
+        "at",
+        "busy_ns",
+        "cause",
+        "causes",
+        "idle_ns",
+        "rank",
+        "role",
+        "roles",
+        "wait_ns",
+        "wait_rank",
+    )
+
+    def __init__(self) -> None:
+        self.roles: list[str] = []
+        self.role = array("H")
+        self.rank = array("q")
+        self.busy_ns = array("q")
+        self.idle_ns = array("q")
+        self.causes: list[tuple[str | None, str]] = []
+        self.cause = array("I")
+        self.wait_rank = array("q")
+        self.wait_ns = array("q")
+        self.at = array("I", [0])
+        self._roles: dict[str, int] = {}
+        self._causes: dict[tuple[str | None, str], int] = {}
+
+    def add(self, rank: int, role: str, busy_ns: int, idle_ns: int, waits: list[WaitRow]) -> None:
+        """Append one lane: its busy and idle time and its waits (in order)."""
+        roles = self._roles
+        self.role.append(roles.setdefault(role, len(roles)))
+        if len(roles) != len(self.roles):
+            self.roles = list(roles)
+        self.rank.append(rank)
+        self.busy_ns.append(busy_ns)
+        self.idle_ns.append(idle_ns)
+        causes = self._causes
+        self.cause.extend([causes.setdefault((r, stage), len(causes)) for r, stage, _, _ in waits])
+        if len(causes) != len(self.causes):
+            self.causes = list(causes)
+        self.wait_rank.extend([-1 if k is None else k for _, _, k, _ in waits])
+        self.wait_ns.extend([ns for _, _, _, ns in waits])
+        self.at.append(len(self.wait_ns))
+
+    def waits(self, lane: int) -> Iterator[WaitRow]:
+        """Lane ``lane``'s waits as (role, stage, rank, ns)."""
+        causes, cause, rank, ns = self.causes, self.cause, self.wait_rank, self.wait_ns
+        for j in range(self.at[lane], self.at[lane + 1]):
+            role, stage = causes[cause[j]]
+            yield role, stage, None if role is None else rank[j], ns[j]
+
+    def __len__(self) -> int:
+        return len(self.rank)
+
+    @overload
+    def __getitem__(self, index: int) -> RankTimeline: ...
+    @overload
+    def __getitem__(self, index: slice) -> tuple[RankTimeline, ...]: ...
+    def __getitem__(self, index: int | slice) -> RankTimeline | tuple[RankTimeline, ...]:
+        if isinstance(index, slice):
+            return tuple(self[i] for i in range(*index.indices(len(self))))
+        if index < 0:
+            index += len(self)
+        if not 0 <= index < len(self):
+            raise IndexError("lane index out of range")
+        return RankTimeline(
+            self.rank[index],
+            self.roles[self.role[index]],
+            self.busy_ns[index] / _NS_PER_MS,
+            self.idle_ns[index] / _NS_PER_MS,
+            (self, index),
+        )
+
+    def __iter__(self) -> Iterator[RankTimeline]:
+        return map(self.__getitem__, range(len(self)))
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, (str, bytes)):
+            return NotImplemented
+        return len(self) == len(other) and all(a == b for a, b in zip(self, other, strict=True))
+
+    __hash__ = None  # type: ignore[assignment]  # grows while its step is analysed
+
+    def __repr__(self) -> str:
+        return f"RankTable({len(self)} lanes, {len(self.wait_ns)} waits)"
+
+
+@dataclass(frozen=True, slots=True)
+class RoleTimeline:
+    """A role's lanes in one step, in rank-time (summed over its ``ranks`` lanes)."""
+
+    role: str
+    ranks: int
+    busy_ms: float
+    idle_ms: float
+    waited_for: tuple[TimeShare, ...]  # by (role, stage) of the cause; rank None; largest first
+
+    @property
+    def idle_pct(self) -> float:
+        total = self.busy_ms + self.idle_ms
+        return 100.0 * self.idle_ms / total if total > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ranks": self.ranks,
+            "busy_ms": _round(self.busy_ms),
+            "idle_ms": _round(self.idle_ms),
+            "idle_pct": round(self.idle_pct, 2),
+            "waited_for": [{"role": w.role, "stage": w.stage, "ms": _round(w.ms)} for w in self.waited_for],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class StepTimeline:
+    """One step across all lanes."""
+
+    step: int
+    wall_ms: float
+    critical_path: tuple[TimeShare, ...]  # in time order; sums to wall_ms; empty when clocks are not aligned
+    roles: Mapping[str, RoleTimeline]
+    ranks: Sequence[RankTimeline]  # by (role, rank); from the analysis a RankTable, its rows made as read
+    generation_ms: float
+
+    @property
+    def generation_pct(self) -> float:
+        return 100.0 * self.generation_ms / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "wall_ms": _round(self.wall_ms),
+            "critical_path": [p.to_json() for p in self.critical_path],
+            "roles": {name: role.to_json() for name, role in sorted(self.roles.items())},
+            "ranks": [r.to_json() for r in self.ranks],
+            "generation_ms": _round(self.generation_ms),
+            "generation_pct": round(self.generation_pct, 2),
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One sentence with its numbers; ``lost_ms`` is per step, averaged over the analysed steps."""
+
+    kind: str  # "straggler" | "bubble" | "dominant_stage" | "slow_step"
+    text: str
+    lost_ms: float
+    role: str | None
+    stage: str | None
+    rank: int | None
+    steps: tuple[int, ...]
+    waiting_for: tuple[str, str] | None = None  # a bubble's main cause: (role, stage)
+
+    def to_json(self) -> dict[str, Any]:
+        cause = self.waiting_for
+        return {
+            "kind": self.kind,
+            "text": self.text,
+            "lost_ms": _round(self.lost_ms),
+            "role": self.role,
+            "stage": self.stage,
+            "rank": self.rank,
+            "steps": list(self.steps),
+            "waiting_for": None if cause is None else {"role": cause[0], "stage": cause[1]},
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ClockInfo:
+    aligned: bool
+    max_uncertainty_ms: float | None  # None when not aligned
+    note: str | None  # why waits and critical paths are missing, when they are
+
+    def to_json(self) -> dict[str, Any]:
+        return {"aligned": self.aligned, "max_uncertainty_ms": self.max_uncertainty_ms, "note": self.note}
+
+
+@dataclass(frozen=True, slots=True)
+class TimelineReport:
+    clock: ClockInfo
+    steps: tuple[StepTimeline, ...]  # by step
+    findings: tuple[Finding, ...]  # largest lost_ms first
+    skipped_spans: int  # spans that end before they start, or of an unknown kind
+    source: str = "files"  # "traces": built from the traces' step and stage ranges (only the traced steps and ranks)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "timeline": {
+                "clock": self.clock.to_json(),
+                "steps": [s.to_json() for s in self.steps],
+                "skipped_spans": self.skipped_spans,
+                "source": self.source,
+            },
+            "findings": [f.to_json() for f in self.findings],
+        }
+
+
+def findings_text(report: TimelineReport, limit: int = 5) -> list[str]:
+    """The first ``limit`` findings' sentences, largest loss first."""
+    return [f.text for f in report.findings[:limit]]
+
+
+def _column(code: str, values: Sequence[int]) -> array[int]:
+    """``values`` as an array of ``code``: the same array when it is one already (columns read are not changed)."""
+    return values if isinstance(values, array) and values.typecode == code else array(code, values)
+
+
+SpanRow = tuple[str, str, str, int, int, int, int]
+"""One span of a :class:`TimelineLane`: kind, role, stage, step, start ns, end ns, thread index."""
+
+
+@dataclass(frozen=True)
+class TimelineLane:
+    """One process's timeline spans on the report's axis (ns since its first span), as columns.
+
+    Columns, not :class:`~instrument.timeline.Span` objects: at 4,096 ranks a report holds millions of
+    spans, 24 bytes each here against ~150 as objects. Span ``i`` is ``names[name[i]]`` (kind, role,
+    stage) with ``step[i]``, ``start_ns[i]``, ``end_ns[i]`` and ``thread[i]`` (the file's thread index)."""
+
+    role: str
+    rank: int
+    host: str
+    pid: int
+    names: tuple[tuple[str, str, str], ...]
+    name: array[int]
+    step: array[int]
+    start_ns: array[int]
+    end_ns: array[int]
+    thread: array[int]
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        role: str,
+        rank: int,
+        host: str,
+        pid: int,
+        spans: Iterable[Span] | SpanColumns | SpanTable,
+        shift_ns: int = 0,
+    ) -> TimelineLane:
+        """The lane of one process's spans, each moved by ``-shift_ns``.
+
+        Columns (a :class:`SpanColumns`, or a :class:`SpanTable` of one part) are copied as columns, no Span
+        made; their name, step and thread columns are shared, not copied, where they already fit."""
+        if isinstance(spans, SpanTable) and len(spans.parts) == 1:
+            columns, part_shift = spans.parts[0]
+            return cls._of_columns(role, rank, host, pid, columns, shift_ns + part_shift)
+        if isinstance(spans, SpanColumns):
+            return cls._of_columns(role, rank, host, pid, spans, shift_ns)
+        index: dict[tuple[str, str, str], int] = {}
+        name, step, start, end, thread = array("H"), array("I"), array("q"), array("q"), array("H")
+        for span in spans:
+            key = (span.kind, span.role, span.stage)
+            name.append(index.setdefault(key, len(index)))
+            step.append(span.step)
+            start.append(span.start_ns - shift_ns)
+            end.append(span.end_ns - shift_ns)
+            thread.append(span.thread)
+        return cls(role, rank, host, pid, tuple(index), name, step, start, end, thread)
+
+    @classmethod
+    def _of_columns(
+        cls, role: str, rank: int, host: str, pid: int, columns: SpanColumns, shift_ns: int
+    ) -> TimelineLane:
+        # The lane its Span values give (names in the order first used), no Span made.
+        index: dict[tuple[str, str, str], int] = {}
+        remap = {n: index.setdefault(columns.names[n], len(index)) for n in dict.fromkeys(columns.name)}
+        if all(n == m for n, m in remap.items()):
+            name = _column("H", columns.name)
+        else:
+            name = array("H", map(remap.__getitem__, columns.name))
+        start = array("q", [s - shift_ns for s in columns.start_ns] if shift_ns else columns.start_ns)
+        end = array("q", map(int.__add__, start, columns.duration_ns))
+        step, thread = _column("I", columns.step), _column("H", columns.thread)
+        return cls(role, rank, host, pid, tuple(index), name, step, start, end, thread)
+
+    @property
+    def label(self) -> str:
+        """``actor rank 3``."""
+        return f"{self.role} rank {self.rank}"
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    def rows(self) -> Iterator[SpanRow]:
+        """Every span as (kind, role, stage, step, start ns, end ns, thread), in the file's order."""
+        names = self.names
+        columns = (self.name, self.step, self.start_ns, self.end_ns, self.thread)
+        for n, step, start, end, thread in zip(*columns, strict=True):
+            kind, role, stage = names[n]
+            yield kind, role, stage, step, start, end, thread
+
+
+@dataclass(frozen=True)
+class TimelineSpans:
+    """The spans the step analysis kept, per process on one axis: what the page, the picture and the merged
+    trace draw (never in ``--json``).
+
+    ``aligned`` false: the hosts' clocks are not aligned, and each host was shifted so that its first step
+    starts with the reference host's (``note`` says so): durations are right, cross-host timing is not."""
+
+    lanes: tuple[TimelineLane, ...]  # by (role, rank, pid)
+    aligned: bool
+    note: str | None = None
+
+    @property
+    def spans(self) -> int:
+        """How many spans the lanes hold."""
+        return sum(len(lane) for lane in self.lanes)
