@@ -18,9 +18,17 @@ from __future__ import annotations
 
 from instrument.analyze._analyze import analyze
 from instrument.analyze._compare_runs import compare
+from instrument.analyze.analyzers._findings import (
+    FindingRule,
+    TimelineAnalysis,
+    register_finding,
+    registered_findings,
+    unregister_finding,
+)
 from instrument.analyze.model import (
     CLOCK_CAVEAT,
     Comparison,
+    Finding,
     MemoryFile,
     RankStats,
     Report,
@@ -34,16 +42,22 @@ from instrument.analyze.traces._ray import RayUnavailableError
 __all__ = [
     "CLOCK_CAVEAT",
     "Comparison",
+    "Finding",
+    "FindingRule",
     "MemoryFile",
     "RankStats",
     "RayUnavailableError",
     "Report",
     "Skipped",
     "StageStats",
+    "TimelineAnalysis",
     "TraceFile",
     "analyze",
     "compare",
+    "register_finding",
+    "registered_findings",
     "render_text",
+    "unregister_finding",
     "write_html",
     "write_png",
 ]

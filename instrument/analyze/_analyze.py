@@ -21,13 +21,14 @@ from typing import Any, Protocol
 from instrument.analyze.analyzers._fold import Fold
 from instrument.analyze.analyzers._snapshots import find_memory_files
 from instrument.analyze.analyzers._stats import compare
-from instrument.analyze.analyzers._timeline import TimelineReport, analyze_timeline
+from instrument.analyze.analyzers._timeline import analyze_timeline
 from instrument.analyze.model import (
     Filters,
     MemoryFile,
     Report,
     Skipped,
     TimelineLane,
+    TimelineReport,
     TimelineSpans,
     TraceFile,
     label_key,

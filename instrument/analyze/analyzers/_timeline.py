@@ -38,19 +38,20 @@ Semantics (where the issue is silent, the choice is marked *chosen*):
   ``rollout``. Its share of a step is the union of such stages over all lanes / wall time (unaligned: the
   longest lane's).
 - **Stragglers.** A stage's time on a lane is the union of its calls there. On a step, a lane is slow at a
-  (role, stage) when its time is >= :data:`STRAGGLER_RATIO` x the median of its peers (the other lanes with
-  that role and stage in that step) and at least :data:`FLOOR_MS` and :data:`FLOOR_SHARE` of the step.
-  A consistent straggler is slow on more than half of the steps where it ran, and on at least 2 of them
-  unless the timeline holds one step (*chosen*: a stage that ran once in a long run is not "consistent").
+  (role, stage) when its time is >= :data:`~._findings.STRAGGLER_RATIO` x the median of its peers (the other
+  lanes with that role and stage in that step) and at least :data:`~._findings.FLOOR_MS` and
+  :data:`~._findings.FLOOR_SHARE` of the step. A consistent straggler is slow on more than half of the steps
+  where it ran, and on at least 2 of them unless the timeline holds one step (*chosen*: a stage that ran once
+  in a long run is not "consistent").
 - **Findings**, largest ``lost_ms`` first; ``lost_ms`` is time per step, averaged over all analysed steps
   (*chosen*, so a one-off and a steady loss compare). straggler: one per straggling (role, rank), naming its
   stage with the most excess and how many others (*chosen*: a rank slow in every chunk of generation is one
   finding, not ten); lost: its time over its peers' median on its slow steps; the text says who waited for
-  it and how long. bubble: a role whose idle time is >= :data:`BUBBLE_MIN_SHARE` of its rank-time (roles
+  it and how long. bubble: a role whose idle time is >= :data:`~._findings.BUBBLE_MIN_SHARE` of its rank-time (roles
   that never ran a stage, a driver holding the step open, are left out); lost: idle time per rank; the text
   names the main causes. dominant_stage: the (role, stage) with the largest median share of the step
-  (critical-path time; unaligned: its longest lane), when >= :data:`DOMINANT_MIN_SHARE`; "lost" is its time
-  per step. slow_step: the steps >= :data:`SLOW_STEP_RATIO` x the median step (with >= 3 steps); lost:
+  (critical-path time; unaligned: its longest lane), when >= :data:`~._findings.DOMINANT_MIN_SHARE`; "lost" is its time
+  per step. slow_step: the steps >= :data:`~._findings.SLOW_STEP_RATIO` x the median step (with >= 3 steps); lost:
   their time over the median; the text names the stage that grew most on the slowest.
 - **Unaligned clocks** (``aligned=False``): per-lane durations only; ``waited_for`` and ``critical_path``
   are empty and ``clock.note`` says so; findings that need no cross-rank timestamps are still made.
@@ -70,19 +71,25 @@ and the rulers mark where it would split (one step, across steps, words).
 from __future__ import annotations
 
 import gc
-import statistics
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from instrument.analyze.analyzers._findings import (
+    FLOOR_MS,
+    FLOOR_SHARE,
+    GENERATION_ROLE,
+    STRAGGLER_RATIO,
+    Peering,
+    TimelineAnalysis,
+    findings_of,
+)
 from instrument.analyze.model import (
+    GENERATION_STAGES,
     ClockInfo,
-    Finding,
     RankTable,
-    RankTimeline,
     RoleTimeline,
     StepTimeline,
     TimelineReport,
@@ -91,49 +98,16 @@ from instrument.analyze.model import (
 )
 from instrument.timeline import Span, SpanColumns, SpanTable
 
-__all__ = [
-    "BUBBLE_MIN_SHARE",
-    "DOMINANT_MIN_SHARE",
-    "FLOOR_MS",
-    "FLOOR_SHARE",
-    "GENERATION_ROLE",
-    "GENERATION_STAGES",
-    "IDLE",
-    "SLOW_STEP_RATIO",
-    "STRAGGLER_RATIO",
-    "UNALIGNED_NOTE",
-    "UNATTRIBUTED",
-    "WAIT_TOLERANCE_NS",
-    "ClockInfo",
-    "Finding",
-    "RankTimeline",
-    "RoleTimeline",
-    "StepTimeline",
-    "TimeShare",
-    "TimelineReport",
-    "analyze_timeline",
-]
+__all__ = ["IDLE", "UNALIGNED_NOTE", "UNATTRIBUTED", "WAIT_TOLERANCE_NS", "analyze_timeline"]
 
 NS_PER_MS = 1_000_000
 WAIT_TOLERANCE_NS = 50_000_000  # a collective's release, an RPC or a Ray object fetch, on a busy host
-STRAGGLER_RATIO = 1.2  # below it, run-to-run noise of equal work
-FLOOR_MS = 2.0  # below it a stage is timer noise: never a straggler, never a bubble
-FLOOR_SHARE = 0.01  # a stage under 1% of its step is not worth a straggler finding
-BUBBLE_MIN_SHARE = 0.10
-DOMINANT_MIN_SHARE = 0.25
-SLOW_STEP_RATIO = 1.5
-SLOW_STEP_MIN_STEPS = 3  # a median of two is their mean: one step cannot stand out against it
-MAX_STRAGGLER_FINDINGS = 10  # thousands of ranks can hold many; the largest are the ones to read
-GENERATION_STAGES = frozenset({"generate_sequences", "generate"})
-GENERATION_ROLE = "rollout"
 IDLE = "idle"
 UNATTRIBUTED = "unattributed"
 UNALIGNED_NOTE = (
     "Clocks of different hosts are not aligned: busy and idle are per rank, from durations only; "
     "no waits across ranks and no critical path."
 )
-_TIMES = "\u00d7"
-_DASH = "\u2013"
 
 _Key = tuple[str, int]  # a lane: (role, rank)
 
@@ -459,16 +433,6 @@ def _union_length(runs: list[tuple[int, int]], low: int, high: int) -> int:
 # --------------------------------------------------------------------------- across steps
 
 
-@dataclass
-class _Peering:
-    """A (role, stage, lane) across steps, while they are read (mutable): how often it ran, and was slow."""
-
-    ran: int = 0
-    slow_steps: list[int] = field(default_factory=list)
-    excess_ns: int = 0  # over its peers' median, summed over its slow steps
-    ratios: list[float] = field(default_factory=list)  # to its peers' median, on its slow steps
-
-
 def _peer_medians(values: list[int]) -> list[float]:
     """For each of the sorted ``values``, the median of the others (exact, in O(1) each)."""
     n = len(values)
@@ -482,7 +446,7 @@ def _peer_medians(values: list[int]) -> list[float]:
     return [(others(i, m // 2 - 1) + others(i, m // 2)) / 2 for i in range(n)]
 
 
-def _judge_peers(step: int, wall_ns: int, lanes: list[_Lane], peering: dict[tuple[str, str, _Key], _Peering]) -> None:
+def _judge_peers(step: int, wall_ns: int, lanes: list[_Lane], peering: dict[tuple[str, str, _Key], Peering]) -> None:
     groups: dict[tuple[str, str], list[tuple[int, _Key]]] = defaultdict(list)
     for lane in lanes:
         for key, ns in lane.by_stage.items():
@@ -494,7 +458,7 @@ def _judge_peers(step: int, wall_ns: int, lanes: list[_Lane], peering: dict[tupl
         for (ns, lane_key), median in zip(members, medians, strict=True):
             record = peering.get((role, stage, lane_key))
             if record is None:
-                peering[(role, stage, lane_key)] = record = _Peering()
+                peering[(role, stage, lane_key)] = record = Peering()
             record.ran += 1
             if len(members) > 1 and ns >= floor and median > 0 and ns >= STRAGGLER_RATIO * median:
                 record.slow_steps.append(step)
@@ -577,7 +541,7 @@ def _analyze(table: SpanTable, aligned: bool, clock_uncertainty_ns: int, wait_to
     unc = clock_uncertainty_ns if aligned else 0
     timelines: list[StepTimeline] = []
     stage_times: list[dict[tuple[str, str], int]] = []
-    peering: dict[tuple[str, str, _Key], _Peering] = {}
+    peering: dict[tuple[str, str, _Key], Peering] = {}
     worked: set[str] = set()  # roles that ran a stage: a driver that only holds the step open has no bubble
     for step in sorted(runs):
         windows, stages, bad = _step_spans(table, runs.pop(step), step)  # one step's objects at a time
@@ -596,200 +560,5 @@ def _analyze(table: SpanTable, aligned: bool, clock_uncertainty_ns: int, wait_to
         note=None if aligned else UNALIGNED_NOTE,
     )
     steps = tuple(timelines)
-    findings = [
-        *_straggler_findings(steps, peering, aligned),
-        *_bubble_findings(steps, worked, aligned),
-        *_dominant_finding(steps, stage_times, aligned),
-        *_slow_step_finding(steps, stage_times),
-    ]
-    findings.sort(key=lambda f: (-f.lost_ms, f.kind, f.role or "", f.stage or "", f.rank if f.rank is not None else -1))
-    return TimelineReport(clock, steps, tuple(findings), skipped)
-
-
-# --------------------------------------------------------------------------- findings in words
-
-
-def _duration(ms: float) -> str:
-    if ms < 1000:
-        return f"{ms:.3g} ms"
-    return f"{ms / 1000:.3g} s" if ms < 100_000 else f"{ms / 1000:,.0f} s"
-
-
-def _ranks_text(role: str, ranks: Iterable[int]) -> str:
-    """``actor rank 3``, ``actor ranks 0-2, 5``, ``52 actor ranks (2-63)`` (with an en dash)."""
-    ordered = sorted(set(ranks))
-    runs: list[list[int]] = []
-    for r in ordered:
-        if runs and r == runs[-1][1] + 1:
-            runs[-1][1] = r
-        else:
-            runs.append([r, r])
-    if len(runs) > 4:
-        return f"{len(ordered)} {role} ranks ({ordered[0]}{_DASH}{ordered[-1]})"
-    words = [str(a) if a == b else f"{a}{_DASH}{b}" for a, b in runs]
-    return f"{role} {'rank' if len(ordered) == 1 else 'ranks'} {', '.join(words)}"
-
-
-def _steps_text(steps: list[int]) -> str:
-    shown = ", ".join(str(s) for s in steps[:5])
-    return shown + (", \u2026" if len(steps) > 5 else "")
-
-
-def _straggler_findings(
-    steps: tuple[StepTimeline, ...], peering: dict[tuple[str, str, _Key], _Peering], aligned: bool
-) -> list[Finding]:
-    """One finding per straggling rank (a rank slow in every chunk of a stage would otherwise fill the list)."""
-    lone_step = len(steps) == 1
-    by_rank: dict[tuple[str, _Key], list[tuple[int, str, _Peering]]] = defaultdict(list)
-    for (role, stage, lane_key), record in peering.items():
-        slow = record.slow_steps
-        if len(slow) * 2 > record.ran and (len(slow) >= 2 or lone_step):
-            by_rank[(role, lane_key)].append((record.excess_ns, stage, record))
-    ranked = sorted(by_rank.items(), key=lambda kv: (-sum(c[0] for c in kv[1]), kv[0]))[:MAX_STRAGGLER_FINDINGS]
-    # Who waited for each straggler on its slow steps: one pass over every rank's causes.
-    targets: dict[tuple[str, str, int], tuple[tuple[str, int], set[int]]] = {}
-    for (role, (_, rank)), stages in ranked:
-        for _, stage, record in stages:
-            targets[(role, stage, rank)] = ((role, rank), set(record.slow_steps))
-    waits: dict[tuple[str, int], dict[str, dict[tuple[int, int], float]]] = defaultdict(
-        lambda: defaultdict(lambda: defaultdict(float))
-    )
-    for timeline in steps if aligned and targets else ():
-        for row in timeline.ranks:
-            for cause_role, cause_stage, cause_rank, ms in row.waits():  # no TimeShare made: millions of them
-                if cause_role is None or cause_rank is None:
-                    continue
-                found = targets.get((cause_role, cause_stage, cause_rank))
-                if found is not None and timeline.step in found[1]:
-                    waits[found[0]][row.role][(row.rank, timeline.step)] += ms
-    findings = []
-    for (role, (_, rank)), stages in ranked:
-        stages.sort(key=lambda c: (-c[0], c[1]))
-        excess = _ms(sum(c[0] for c in stages))
-        slow_steps = sorted({step for _, _, record in stages for step in record.slow_steps})
-        said = [
-            f"{stage} {statistics.median(record.ratios):.1f}{_TIMES} on {len(record.slow_steps)} of {record.ran} steps"
-            for _, stage, record in stages[:3]
-        ]
-        if len(stages) == 1:
-            _, stage, record = stages[0]
-            text = (
-                f"{role} {stage} on rank {rank} is {statistics.median(record.ratios):.1f}{_TIMES} its "
-                f"peers' median on {len(slow_steps)} of {record.ran} steps"
-            )
-        else:
-            more = f", {len(stages) - 3} more" if len(stages) > 3 else ""
-            text = f"{role} rank {rank} is slower than its peers in {len(stages)} stages: {', '.join(said)}{more}"
-        text += f" (+{_duration(excess / len(slow_steps))} a step)"
-        for waiter_role, entries in sorted(waits[(role, rank)].items(), key=lambda kv: -sum(kv[1].values()))[:2]:
-            each = statistics.median(entries.values())
-            if each >= FLOOR_MS:  # not the hand-offs of a few µs between its chunks
-                text += f"; {_ranks_text(waiter_role, (r for r, _ in entries))} wait {_duration(each)} each for it"
-        top = stages[0][1]
-        findings.append(Finding("straggler", text, excess / len(steps), role, top, rank, tuple(slow_steps)))
-    return findings
-
-
-def _bubble_findings(steps: tuple[StepTimeline, ...], worked: set[str], aligned: bool) -> list[Finding]:
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # busy, idle, rank-steps
-    causes: dict[str, dict[tuple[str | None, str], float]] = defaultdict(lambda: defaultdict(float))
-    seen: dict[str, list[int]] = defaultdict(list)
-    for timeline in steps:
-        for name, role in timeline.roles.items():
-            total = totals[name]
-            total[0] += role.busy_ms
-            total[1] += role.idle_ms
-            total[2] += role.ranks
-            seen[name].append(timeline.step)
-            for w in role.waited_for:
-                causes[name][(w.role, w.stage)] += w.ms
-    findings = []
-    for name, (busy, idle, rank_steps) in sorted(totals.items()):
-        rank_time = busy + idle
-        if name not in worked or rank_time <= 0 or idle / rank_time < BUBBLE_MIN_SHARE:
-            continue
-        per_rank = idle / rank_steps
-        if per_rank < FLOOR_MS:
-            continue
-        text = f"{name} ranks are idle {100 * idle / rank_time:.0f}% of their step time"
-        text += f" ({_duration(per_rank)} a step each)"
-        ranked = sorted(causes[name].items(), key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
-        ranked = [(cause, ms) for cause, ms in ranked[:2] if ms >= 0.01 * rank_time]  # not a 0% cause
-        if ranked:
-            said = [f"{r} {s} {100 * ms / rank_time:.0f}%" for (r, s), ms in ranked if r is not None]
-            alone = sum(ms for (r, _), ms in ranked if r is None)
-            if said:
-                text += ", waiting for " + ", ".join(said)
-            if alone:  # no stage of another rank ended as it resumed: its own code between its stages
-                text += f"; {100 * alone / rank_time:.0f}% " if said else ", "
-                text += "in their own code between profiled stages (no other rank's stage ended as they resumed)"
-        elif not aligned:
-            text += " (clocks not aligned: what they waited for is unknown)"
-        cause = next(((r, s) for (r, s), _ in ranked if r is not None), None)
-        findings.append(Finding("bubble", text, per_rank, name, None, None, tuple(seen[name]), cause))
-    return findings
-
-
-def _dominant_finding(
-    steps: tuple[StepTimeline, ...], stage_times: list[dict[tuple[str, str], int]], aligned: bool
-) -> list[Finding]:
-    if not steps:
-        return []
-    keys = sorted({key for times in stage_times for key in times})
-    walls = [s.wall_ms for s in steps]
-    median_wall = statistics.median(walls)
-    best: tuple[float, float, tuple[str, str]] | None = None
-    for key in keys:
-        shares = [
-            _ms(times.get(key, 0)) / s.wall_ms if s.wall_ms > 0 else 0.0
-            for s, times in zip(steps, stage_times, strict=True)
-        ]
-        share = statistics.median(shares)
-        ms = statistics.median(_ms(times.get(key, 0)) for times in stage_times)
-        if best is None or share > best[0]:
-            best = (share, ms, key)
-    if best is None or best[0] < DOMINANT_MIN_SHARE:
-        return []
-    share, ms, (role, stage) = best
-    where = " on the critical path" if aligned else " on its longest rank"
-    text = (
-        f"step {_duration(median_wall)} (median of {len(steps)}): {role} {stage} is {100 * share:.0f}% of it "
-        f"({_duration(ms)} a step{where})"
-    )
-    generation = statistics.median(s.generation_pct for s in steps)
-    if generation > 0 and stage not in GENERATION_STAGES and role != GENERATION_ROLE:
-        text += f"; generation is {generation:.0f}% of the step"
-    return [Finding("dominant_stage", text, ms, role, stage, None, tuple(s.step for s in steps))]
-
-
-def _slow_step_finding(steps: tuple[StepTimeline, ...], stage_times: list[dict[tuple[str, str], int]]) -> list[Finding]:
-    if len(steps) < SLOW_STEP_MIN_STEPS:
-        return []
-    median_wall = statistics.median(s.wall_ms for s in steps)
-    if median_wall <= 0:
-        return []
-    slow = [
-        (s, times)
-        for s, times in zip(steps, stage_times, strict=True)
-        if s.wall_ms >= SLOW_STEP_RATIO * median_wall and s.wall_ms - median_wall >= FLOOR_MS
-    ]
-    if not slow:
-        return []
-    slowest, slowest_times = max(slow, key=lambda st: (st[0].wall_ms, -st[0].step))
-    walls = ", ".join(_duration(s.wall_ms) for s, _ in slow[:5])
-    numbers = [s.step for s, _ in slow]
-    text = (
-        f"step{'s' if len(slow) > 1 else ''} {_steps_text(numbers)} took {walls}, "
-        f"{'up to ' if len(slow) > 1 else ''}{slowest.wall_ms / median_wall:.1f}{_TIMES} the median step "
-        f"({_duration(median_wall)})"
-    )
-    grown = []
-    for key, ns in slowest_times.items():
-        typical = statistics.median(times.get(key, 0) for times in stage_times)
-        grown.append((ns - typical, key))
-    if grown:
-        extra, (role, stage) = max(grown, key=lambda g: (g[0], g[1]))
-        if extra > 0:
-            text += f"; on step {slowest.step} the most extra was {role} {stage} (+{_duration(_ms(extra))})"
-    lost = sum(s.wall_ms - median_wall for s, _ in slow) / len(steps)
-    return [Finding("slow_step", text, lost, None, None, None, tuple(numbers))]
+    facts = TimelineAnalysis(steps, tuple(stage_times), peering, frozenset(worked), aligned)
+    return TimelineReport(clock, steps, findings_of(facts), skipped)
