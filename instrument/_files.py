@@ -4,7 +4,8 @@
   filesystems (copy to a temp name, fsync, exclusive link into place, then remove the source).
 * :func:`wait_until_stable` waits for files another process writes to stop changing.
 
-Used by relocation (engine traces, nsys reports) and the finish coordinator. Standard library only.
+Used by relocation (engine traces, nsys reports) and the finish coordinator. Built on
+:mod:`instrument._safe_files` (exclusive placing, folder fsync); standard library only.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import errno
 import logging
 import os
-import secrets
 import shutil
 import stat
 import time
@@ -20,15 +20,13 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import BinaryIO
 
+from instrument._safe_files import fsync_folder, new_temp_beside, place_exclusively
+
 __all__ = ["move_into", "wait_until_stable"]
 
 logger = logging.getLogger(__name__)
 
 _COPY_CHUNK = 1 << 20
-# link(2) fails with these where the filesystem has no hard links (FAT, some FUSE and network mounts).
-_NO_HARDLINKS = frozenset({errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK})
-# fsync(2) on a directory fails with these where the filesystem does not support it; nothing to do then.
-_NO_DIR_FSYNC = frozenset({errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EBADF})
 
 
 def _copy_bytes(fsrc: BinaryIO, fdst: BinaryIO) -> None:
@@ -40,55 +38,12 @@ def _copy_bytes(fsrc: BinaryIO, fdst: BinaryIO) -> None:
     shutil.copyfileobj(fsrc, fdst, _COPY_CHUNK)
 
 
-def _fsync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in _NO_DIR_FSYNC:
-            raise
-    finally:
-        os.close(fd)
-
-
-def _place_exclusively(src: Path, dest: Path) -> None:
-    """Give ``src``'s file the name ``dest`` and drop the name ``src``; never replace an existing ``dest``.
-
-    ``os.rename`` silently replaces an existing destination, and checking first leaves a race.
-    ``os.link`` fails with EEXIST atomically, so two movers (or a mover and a writer) can never
-    clobber each other; the source name is removed only once the link exists.  Where the filesystem
-    has no hard links, an ``O_EXCL`` placeholder reserves ``dest`` and ``rename`` replaces only that
-    placeholder, which is ours.  Raises ``OSError`` (EXDEV across filesystems) with ``src`` in place.
-    """
-    try:
-        os.link(src, dest, follow_symlinks=False)
-    except OSError as exc:
-        if exc.errno not in _NO_HARDLINKS:
-            raise
-    else:
-        try:
-            os.unlink(src)
-        except OSError:
-            os.unlink(dest)  # undo: on failure the file is only where it was
-            raise
-        return
-    fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    os.close(fd)
-    try:
-        os.rename(src, dest)
-    except BaseException:
-        os.unlink(dest)
-        raise
-
-
 def _copy_across(src: Path, dest: Path, src_stat: os.stat_result) -> None:
     """Copy ``src`` to a temp name beside ``dest``, fsync it, place it exclusively, then drop ``src``.
 
     On any failure the temp file is removed and ``src`` stays where it was.
     """
-    stem = dest.name[:200]  # the temp name must stay under the 255-byte name limit
-    tmp = dest.parent / f".{stem}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    fd, tmp = new_temp_beside(dest, mode=0o600)
     placed = False
     try:
         with open(src, "rb") as fsrc, os.fdopen(fd, "wb") as fdst:
@@ -101,9 +56,9 @@ def _copy_across(src: Path, dest: Path, src_stat: os.stat_result) -> None:
             now = os.fstat(fsrc.fileno()).st_size
         if not copied == now == src_stat.st_size:
             raise OSError(errno.EIO, f"copy is {copied} bytes, source {now} (was {src_stat.st_size})", str(src))
-        _place_exclusively(tmp, dest)
+        place_exclusively(tmp, dest)
         placed = True
-        _fsync_dir(dest.parent)
+        fsync_folder(dest.parent)
         if os.stat(dest).st_size != src_stat.st_size:
             raise OSError(errno.EIO, "size changed after the copy was placed", str(dest))
         os.unlink(src)
@@ -150,7 +105,7 @@ def move_into(src: str | os.PathLike[str], dest_dir: str | os.PathLike[str], nam
         raise FileExistsError(errno.EEXIST, "destination exists; not overwriting", str(dest))
 
     try:
-        _place_exclusively(source, dest)
+        place_exclusively(source, dest)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise

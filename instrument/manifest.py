@@ -20,9 +20,10 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from instrument import naming
+from instrument._safe_files import NotRegularFileError, create_new, open_regular
 from instrument.naming import TraceIdentity
 
 __all__ = [
@@ -109,12 +110,11 @@ class Manifest:
         self._fd: int | None = None
 
     def _open(self) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         stem = self.path.name.removesuffix(".jsonl")
         for n in range(_NAME_ATTEMPTS):
             path = self.path.with_name(f"{stem}-{n}.jsonl" if n else f"{stem}.jsonl")
             try:
-                fd = os.open(path, flags, 0o644)
+                fd = create_new(path, mode=0o644, append=True)
             except FileExistsError:
                 continue
             self.path = path
@@ -190,22 +190,15 @@ def read_manifests(
             tell(where, f"{bad - _NAMED_PER_MANIFEST} more bad lines")
 
 
-def _open_regular(path: Path) -> Any:
-    """``path`` opened for binary reading if it is a regular file; ``O_NONBLOCK``: a FIFO cannot block."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            kind = next((words for test, words in _KINDS if test(mode)), "a device")
-            raise OSError(errno.EINVAL, f"not a regular file: {kind}")
-        os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
-        raise
+def _open_regular(path: Path) -> BinaryIO:
+    """``path`` opened for binary reading if it is a regular file (through a symlink); a FIFO cannot block."""
+    return open_regular(path, follow_symlinks=True)
 
 
 def _why_not(path: Path, exc: OSError) -> str:
+    if isinstance(exc, NotRegularFileError):
+        kind = next((words for test, words in _KINDS if test(exc.mode)), "a device")
+        return f"not a regular file: {kind}"
     if exc.errno == errno.ELOOP:
         return "symlink loop (too many levels of symbolic links)"
     if exc.errno == errno.ENOENT and path.is_symlink():

@@ -15,12 +15,12 @@ path), else copies.  For HTA a file whose first ``"rank": N`` (what HTA reads) i
 
 Safety: ``OUT`` must be absent or an empty directory (not a symlink) and must not lie inside ``DIR``;
 every folder and file is created exclusively under a directory descriptor opened without following
-symlinks, so nothing is written outside ``OUT`` and no name is overwritten.
+symlinks (:class:`~instrument._safe_files.FolderTree`, :func:`~instrument._safe_files.new_file`), so
+nothing is written outside ``OUT`` and no name is overwritten.
 """
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import gzip
 import os
@@ -28,13 +28,13 @@ import re
 import shutil
 import stat
 import zlib
-from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from instrument import naming
+from instrument._safe_files import FolderTree, new_file
 from instrument.analyze.model import Filters, Skipped, TraceFile
 from instrument.analyze.traces import _safe_io
 from instrument.analyze.traces._discover import ALL_RUNS, Run, discover, find_runs, select_run
@@ -49,11 +49,9 @@ LAYOUTS = ("hta", "tensorboard")
 _HTA_RANK = re.compile(rb'"rank":\s+(\d+)')  # what HTA's rank-to-file map searches for, first match wins
 _TRACE_EVENTS = b'"traceEvents"'
 _HEAD_BYTES = 1 << 20  # the header (distributedInfo …) comes before traceEvents, well within this
-_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 _GZIP_MAGIC = b"\x1f\x8b"
 MAX_OPEN_FOLDERS = 32
-"""Folder descriptors :class:`_Tree` keeps open at once."""
+"""Folder descriptors the export keeps open at once (:class:`~instrument._safe_files.FolderTree`)."""
 
 
 @dataclass(frozen=True)
@@ -193,49 +191,6 @@ def _prepare_out(directory: str | os.PathLike[str], out: str | os.PathLike[str])
     return target
 
 
-class _Tree:
-    """Folders under OUT, each created by us and opened without following symlinks.
-
-    At most :data:`MAX_OPEN_FOLDERS` descriptors stay open (a run can have thousands of folders); a
-    folder opened again is opened relative to its parent with ``O_NOFOLLOW``, so a folder swapped
-    for a symlink meanwhile is refused, never followed.
-    """
-
-    def __init__(self, root: Path) -> None:
-        self._fds: OrderedDict[str, int] = OrderedDict({"": os.open(root, _DIR_FLAGS)})
-        self._made: set[str] = set()
-
-    def _open(self, relative: str) -> int:
-        if relative in self._fds:
-            self._fds.move_to_end(relative)
-            return self._fds[relative]
-        parent, _, part = relative.rpartition("/")
-        parent_fd = self._open(parent)
-        if relative not in self._made:
-            # mkdir is exclusive: a name someone else made meanwhile (maybe a symlink) is refused
-            os.mkdir(part, 0o755, dir_fd=parent_fd)
-            self._made.add(relative)
-        fd = os.open(part, _DIR_FLAGS, dir_fd=parent_fd)
-        self._fds[relative] = fd
-        while len(self._fds) > MAX_OPEN_FOLDERS:
-            oldest = next(k for k in self._fds if k)  # never the root: every path starts there
-            os.close(self._fds.pop(oldest))
-        return fd
-
-    def folder(self, relative: str) -> int:
-        """The descriptor of ``relative`` (``a/b/c``), creating what is missing; never follows a link.
-
-        Valid until the next call (it may be closed to keep few descriptors open).
-        """
-        return self._open(relative)
-
-    def close(self) -> None:
-        """Close every descriptor held."""
-        for fd in self._fds.values():
-            os.close(fd)
-        self._fds.clear()
-
-
 # --------------------------------------------------------------------------- placing one file
 
 
@@ -268,23 +223,10 @@ def _with_rank(region: bytes, rank: int) -> bytes:
     return region[: brace + 1] + line + region[brace + 1 :]
 
 
-@contextlib.contextmanager
-def _new_file(name: str, folder: int) -> Iterator[BinaryIO]:
-    """``name`` created exclusively in ``folder`` (never through a symlink); removed if writing fails."""
-    fd = os.open(name, _NEW_FILE, 0o644, dir_fd=folder)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            yield out
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name, dir_fd=folder)
-        raise
-
-
 def _rewrite(source: str, name: str, folder: int, rank: int) -> None:
     """A copy of ``source`` whose first rank (as HTA reads it) is ``rank``; gzip kept when the source had it."""
     packed = _is_gzip(source)
-    with _safe_io.open_json(source) as stream, _new_file(name, folder) as raw:
+    with _safe_io.open_json(source) as stream, new_file(name, mode=0o644, dir_fd=folder) as raw:
         head = stream.read(_HEAD_BYTES)
         end = head.find(_TRACE_EVENTS)
         cut = len(head) if end < 0 else end
@@ -297,11 +239,11 @@ def _rewrite(source: str, name: str, folder: int, rank: int) -> None:
                 write(chunk)
         finally:
             if sink is not None:
-                sink.close()  # writes gzip's trailer; leaves raw open for _new_file
+                sink.close()  # writes gzip's trailer; leaves raw open for new_file
 
 
 def _copy(source: str, name: str, folder: int) -> None:
-    with _safe_io.open_regular(source) as src, _new_file(name, folder) as dst:
+    with _safe_io.open_regular(source) as src, new_file(name, mode=0o644, dir_fd=folder) as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
 
 
@@ -341,7 +283,7 @@ def file_name(layout: str, trace: TraceFile, gz: bool) -> str:
     return f"{who}.{millis}.pt.trace{suffix}"
 
 
-def _export_one(layout: str, trace: TraceFile, tree: _Tree) -> Exported:
+def _export_one(layout: str, trace: TraceFile, tree: FolderTree) -> Exported:
     relative = folder_of(trace)
     name = file_name(layout, trace, _is_gzip(trace.path))
     folder = tree.folder(relative)
@@ -391,7 +333,7 @@ def export_layout(
     chosen, skipped = _chosen(directory, ranks, steps, stages, run)
     root = _prepare_out(directory, out)
     files: list[Exported] = []
-    tree = _Tree(root)
+    tree = FolderTree(root, max_open=MAX_OPEN_FOLDERS)
     try:
         # folder by folder, ranks in order: few folder descriptors are needed and the listing reads well
         for trace in sorted(chosen, key=lambda t: (folder_of(t), t.rank is None, t.rank or 0, t.replica or 0)):

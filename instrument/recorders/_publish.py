@@ -1,8 +1,10 @@
-"""How recorders publish a file: written in a private folder, fsync'd, then linked under a free trace name.
+"""How recorders publish a file: written in a private folder, fsync'd, then placed under a free trace name.
 
 Shared by the torch backend (traces, memory timelines) and the memory recorder (snapshots), so
 every file in ``save_path`` is made the same way: never half-written under a visible name, never
-overwriting, never through a planted symlink. Standard library only.
+overwriting, never through a planted symlink (:func:`instrument._safe_files.publish_exclusively`: a
+hard link, or a rename over an exclusive placeholder where the filesystem has no hard links).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument import naming
+from instrument._safe_files import publish_exclusively
 from instrument.manifest import TraceRecord
 from instrument.naming import SCRATCH_PREFIX
 from instrument.recorders import Report, TraceSpec
@@ -24,8 +27,6 @@ __all__ = [
     "EXCLUSIVE_ATTEMPTS",
     "Finisher",
     "basename_of",
-    "fsynced",
-    "link_exclusively",
     "private_folder",
     "publish_as",
     "record_of",
@@ -45,27 +46,6 @@ def private_folder(save_path: str, *, make_save_path: bool = True) -> Path:
     if make_save_path:
         Path(save_path).mkdir(parents=True, exist_ok=True)
     return Path(tempfile.mkdtemp(prefix=SCRATCH_PREFIX, dir=save_path))
-
-
-def fsynced(path: Path) -> Path:
-    """``path``, its content on disk."""
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())
-    return path
-
-
-def link_exclusively(source: Path, final: Path) -> bool:
-    """Publish ``source`` as ``final`` unless that name exists (never overwrites); fsync the folder."""
-    try:
-        os.link(source, final)
-    except FileExistsError:
-        return False
-    fd = os.open(final.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    return True
 
 
 def basename_of(
@@ -93,7 +73,7 @@ def publish_as(
     window: tuple[int, int] | None = None,
     partial: bool = False,
 ) -> Path:
-    """Link ``source(final name)`` (a complete, fsync'd file) under a trace name no file has; that name.
+    """Place ``source(final name)`` (a complete, fsync'd file) under a trace name no file has; that name.
 
     ``stage`` replaces the spec's (an out-of-memory snapshot's ``oom-{stage}``). A taken name is
     tried again with a new timestamp, :data:`EXCLUSIVE_ATTEMPTS` times.
@@ -101,7 +81,7 @@ def publish_as(
     for _ in range(EXCLUSIVE_ATTEMPTS):
         basename = basename_of(spec, stage=stage, window=window, partial=partial)
         final = Path(spec.save_path).absolute() / (basename + suffix)
-        if not os.path.lexists(final) and link_exclusively(source(final), final):
+        if not os.path.lexists(final) and publish_exclusively(source(final), final):
             return final
     raise FileExistsError(f"no free name for a {suffix} file in {spec.save_path} after {EXCLUSIVE_ATTEMPTS} attempts")
 

@@ -25,10 +25,11 @@ import torch
 import torch.profiler
 
 from instrument import naming
+from instrument._safe_files import fsynced, new_file, publish_exclusively
 from instrument._warnings import WarnOnce
 from instrument.naming import TRACE_SUFFIX
 from instrument.recorders import FastRange, FastScope, Publish, Report, TraceSpec
-from instrument.recorders._publish import Finisher, basename_of, fsynced, link_exclusively, publish_as, record_of
+from instrument.recorders._publish import Finisher, basename_of, publish_as, record_of
 from instrument.schedule import Action, action_at, window_of
 
 __all__ = ["MEMORY_TIMELINE_SUFFIX", "TorchBackend", "wants_memory_timeline"]
@@ -299,7 +300,7 @@ class TorchBackend:
                 warnings.simplefilter("ignore", FutureWarning)  # deprecated in favour of CUDA snapshots (CPU has none)
                 profile.export_memory_timeline(str(html), device=device)
             final = Path(spec.save_path).absolute() / html.name
-            if not link_exclusively(fsynced(html), final):
+            if not publish_exclusively(fsynced(html), final):
                 raise FileExistsError(f"{final} exists; the memory timeline is not saved")
             self._publish_record(record_of(spec, final, tool=self.tool, window=window, partial=partial))
         except Exception as exc:  # the trace itself is still saved
@@ -309,7 +310,7 @@ class TorchBackend:
                 html.unlink()
 
     def _compress(self, job: _Export) -> None:
-        # Compress in the private folder, fsync, and publish with a hard link under a name no
+        # Compress in the private folder, fsync, and publish exclusively under a name no
         # process has used: a process killed mid-write, or a full disk, never leaves a truncated
         # trace under a visible name.
         packed = job.json_path.with_suffix(".gz.tmp")
@@ -327,12 +328,12 @@ class TorchBackend:
         self._publish_record(record_of(job.spec, final, tool=self.tool, window=job.window, partial=job.partial))
 
     def _publish(self, job: _Export, pack: Callable[[Path], Path] | None) -> Path:
-        """Link ``pack(final name)`` (or, with ``pack=None``, the plain JSON) under a free final name:
+        """Place ``pack(final name)`` (or, with ``pack=None``, the plain JSON) under a free final name:
         ``job.basename``'s, which a memory timeline of the trace shares, unless that one is taken."""
         suffix = TRACE_SUFFIX if pack is not None else TRACE_SUFFIX.removesuffix(".gz")
         source = pack if pack is not None else (lambda _final: fsynced(job.json_path))
         paired = Path(job.spec.save_path).absolute() / (job.basename + suffix)
-        if not os.path.lexists(paired) and link_exclusively(source(paired), paired):
+        if not os.path.lexists(paired) and publish_exclusively(source(paired), paired):
             return paired
         return publish_as(job.spec, suffix, source, window=job.window, partial=job.partial)
 
@@ -367,7 +368,7 @@ def _pack(json_path: Path, packed_path: Path, tail: bytes, *, trace_name: str) -
         packed_path.unlink()  # an earlier attempt's
     with (
         open(json_path, "rb") as source,
-        open(packed_path, "xb") as raw,
+        new_file(packed_path, mode=0o666) as raw,
     ):
         with gzip.GzipFile(filename="", mode="wb", compresslevel=1, fileobj=raw, mtime=0) as packed:
             remaining = os.fstat(source.fileno()).st_size - len(tail)

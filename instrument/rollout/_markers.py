@@ -6,7 +6,8 @@ start asked the engine to stop by itself (SGLang's ``num_steps``). The stop read
 stop after a start ("flushed") from a stop without one ("not profiling"), and to relocate only
 what the replicas wrote since this start. Markers live in ``$XDG_STATE_HOME/instrument/rollout``
 (default ``~/.local/state/...``) or ``--state-dir``; each is one small JSON file written to a
-temp name, fsynced and renamed over the old one, so a reader never sees half a marker.
+temp name, fsynced and renamed over the old one (:func:`instrument._safe_files.write_atomically`), so
+a reader never sees half a marker.
 
 Relocation walks ``BASE/replica{N}`` (the directories :func:`instrument.rollout.replica_profiler_dir`
 names, as ``instrument rollout launch-args`` gives them) and moves each replica's files with
@@ -21,13 +22,13 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from instrument import ranks
+from instrument._safe_files import write_atomically
 from instrument.config import ProfilerConfig
 from instrument.recorders import Publish
 from instrument.rollout._profiler import engine_ranks_to_keep, relocate_engine_traces
@@ -109,17 +110,7 @@ class MarkerStore:
                 "stops_by_itself": marker.stops_by_itself,
             }
         ).encode()
-        fd, temp = tempfile.mkstemp(prefix=".marker-", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temp, self.path(marker.url))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+        write_atomically(self.path(marker.url), data, mode=0o600)  # private to the user, as mkstemp made it
 
     def remove(self, url: str) -> None:
         """Forget the start of ``url`` (nothing if there was none)."""

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument import naming
+from instrument._safe_files import create_new
 from instrument.manifest import TraceRecord
 from instrument.naming import TIMELINE_STAGE, TIMELINE_SUFFIX
 from instrument.run._clock import reported_host
@@ -194,7 +195,6 @@ class TimelineWriter:
 
     def _create(self) -> int:
         Path(self._save_path).mkdir(parents=True, exist_ok=True)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
         host = self._host
         for _ in range(5):  # a taken name (a recycled pid, a planted file) gets a new timestamp
             name = naming.trace_basename(
@@ -202,7 +202,7 @@ class TimelineWriter:
             )
             path = Path(self._save_path) / (name + TIMELINE_SUFFIX)
             try:
-                fd = os.open(path, flags, 0o644)
+                fd = create_new(path, mode=0o644, append=True)
             except FileExistsError:
                 continue
             self._path = path

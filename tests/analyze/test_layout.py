@@ -26,6 +26,7 @@ import instrument as ins
 import instrument.analyze
 import instrument.testing
 from instrument import cli
+from instrument._safe_files import FolderTree
 from instrument.analyze import TraceFile
 from instrument.analyze import _layout as layout
 
@@ -463,7 +464,7 @@ def test_names_taken_meanwhile_are_never_followed_or_overwritten(tmp_path: Path)
     out = tmp_path / "out"
     out.mkdir()
     (out / "a").symlink_to(victim)
-    tree = layout._Tree(out)
+    tree = FolderTree(out)
     try:
         with pytest.raises(FileExistsError):
             tree.folder("a/b")  # never mkdir through the planted link

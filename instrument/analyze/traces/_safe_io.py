@@ -32,6 +32,8 @@ import stat
 from collections.abc import Iterator
 from typing import BinaryIO
 
+from instrument import _safe_files
+
 __all__ = [
     "MAX_BYTES_ENV",
     "MAX_DECODED_BYTES",
@@ -82,13 +84,6 @@ _GZIP_MAGIC = b"\x1f\x8b"
 _SLICE = 1 << 20  # the guard looks at most this much at once, so a string inside one look stays small
 _EVENT_LEVEL = 2  # the top-level object is level 1, traceEvents level 2: its items are the events
 _ARRAY_EVENT_LEVEL = 1  # the array form: the top-level array is level 1, its items are the events
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
 
 
 class TraceError(Exception):
@@ -117,13 +112,6 @@ def max_decoded_bytes() -> int:
     return value
 
 
-def _kind(mode: int) -> str:
-    for test, words in _KINDS:
-        if test(mode):
-            return words
-    return "not a regular file"
-
-
 def entry_problem(path: str) -> str | None:
     """Why ``path`` (a directory entry) cannot be read as a file; ``None`` for a regular file."""
     try:
@@ -133,7 +121,7 @@ def entry_problem(path: str) -> str | None:
     if stat.S_ISREG(st.st_mode):
         return None
     link = " (through a symlink)" if os.path.islink(path) else ""
-    return f"not a regular file: {_kind(st.st_mode)}{link}"
+    return f"not a regular file: {_safe_files.kind_of(st.st_mode)}{link}"
 
 
 def _open_failure(path: str, exc: OSError) -> str:
@@ -152,19 +140,12 @@ def open_regular(path: str) -> BinaryIO:
     loop, or ``OSError``.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        return _safe_files.open_regular(path, follow_symlinks=True)
+    except _safe_files.NotRegularFileError as exc:
+        raise NotRegularFileError(f"not a regular file: {_safe_files.kind_of(exc.mode)}") from None
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOENT) and os.path.islink(path):
             raise TraceError(_open_failure(path, exc)) from exc
-        raise
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise NotRegularFileError(f"not a regular file: {_kind(mode)}")
-        os.set_blocking(fd, True)  # a regular file never blocks; some network filesystems honour the flag
-        return os.fdopen(fd, "rb")
-    except BaseException:
-        os.close(fd)
         raise
 
 
