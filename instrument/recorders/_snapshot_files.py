@@ -2,11 +2,12 @@
 
 Pickled into this process's private scratch folder (mode 0700, made by ``mkdtemp``), at most
 ``max_bytes`` (a larger one is saved without its event history, or not at all), fsync'd, then
-hard-linked under a name no file has (never overwriting, no symlink followed) and published to the
-manifest. Stage snapshots are written by a background thread (a 100,000-event snapshot takes
-seconds to pickle; the training thread only takes it); at most :data:`PENDING` wait, so a fast loop
-cannot pile them up in memory (a stage's end waits for a place at most :data:`WAIT_FOR_WRITER_S`,
-then drops its snapshot with a warning). Standard library only.
+placed under a name no file has (never overwriting, no symlink followed:
+:func:`instrument._safe_files.publish_exclusively`) and published to the manifest. Stage snapshots
+are written by a background thread (a 100,000-event snapshot takes seconds to pickle; the training
+thread only takes it); at most :data:`PENDING` wait, so a fast loop cannot pile them up in memory (a
+stage's end waits for a place at most :data:`WAIT_FOR_WRITER_S`, then drops its snapshot with a
+warning). Standard library only.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument import naming
+from instrument._safe_files import new_file
 from instrument.config._memory import MEMORY_TOOL, MemorySnapshots
 from instrument.recorders import Publish, Report, TraceSpec
 from instrument.recorders._publish import Finisher, publish_as, record_of
@@ -79,13 +81,12 @@ class _Bounded:
 def _pickle_bounded(snapshot: dict[str, Any], path: Path, limit: int) -> bool:
     """Pickle ``snapshot`` into a new file ``path`` (fsync'd); False (file removed) if over ``limit``."""
     try:
-        with open(path, "xb") as raw:
+        with new_file(path, mode=0o666) as raw:  # removed again if pickling fails
             pickle.dump(snapshot, _Bounded(raw, limit), protocol=pickle.DEFAULT_PROTOCOL)  # as torch's _dump_snapshot
             raw.flush()
             os.fsync(raw.fileno())
         return True
     except _TooLargeError:
-        path.unlink()
         return False
 
 
