@@ -1,8 +1,10 @@
 """From two runs to a :class:`~instrument.analyze.Comparison`: :func:`compare`.
 
-Each side is a ``save_path`` — analysed by :func:`~instrument.analyze.analyze` (its traces and timeline
-files, under the same filters) — or the ``--json`` output of ``instrument analyze``. The sides become plain
-values (:func:`~.analyzers._compare.side_from_analysis`), are judged (:func:`~.analyzers._compare.compare_sides`),
+Each side is a :class:`~instrument.analyze.Report`: given, analysed from a ``save_path`` by
+:func:`~instrument.analyze.analyze` (its traces and timeline files, under the same filters), or read back from
+the ``--json`` output of ``instrument analyze`` by :meth:`~instrument.analyze.Report.from_dict` (so a saved
+analysis compares as the live one). The sides become plain values
+(:func:`~.analyzers._compare.side_from_report`), are judged (:func:`~.analyzers._compare.compare_sides`),
 and each reported change gets its causes: the ops and kernels of a few of its instances' trace files, read
 once each (:func:`.traces._ops.read_ops`), and the windows and nested stages of the timeline.
 """
@@ -28,7 +30,7 @@ from instrument.analyze.analyzers._compare import (
     inner_causes,
     op_causes,
     pick_files,
-    side_from_analysis,
+    side_from_report,
     steps_of,
     timeline_comparison,
     with_causes,
@@ -52,8 +54,8 @@ SpanRow = tuple[str, str, str, int, int, int, int, int]
 
 
 def compare(
-    baseline: str | os.PathLike[str],
-    candidate: str | os.PathLike[str],
+    baseline: Report | str | os.PathLike[str],
+    candidate: Report | str | os.PathLike[str],
     *,
     ranks: Iterable[int] | None = None,
     steps: Iterable[int] | None = None,
@@ -63,9 +65,11 @@ def compare(
     alpha: float = ALPHA,
     jobs: int | None = None,
 ) -> Comparison:
-    """Compare ``candidate`` against ``baseline``: each a ``save_path`` or an ``instrument analyze --json`` file.
+    """Compare ``candidate`` against ``baseline``: each a :class:`~instrument.analyze.Report`, a ``save_path`` or
+    an ``instrument analyze --json`` file.
 
-    ``ranks`` / ``steps`` / ``stages`` / ``all_ranks`` filter as in :func:`~instrument.analyze.analyze`; a
+    ``ranks`` / ``steps`` / ``stages`` / ``all_ranks`` filter as in :func:`~instrument.analyze.analyze` (a
+    report given is kept to them too); a
     change is reported when the Mann-Whitney U test rejects "no change" at ``alpha`` and it is at least
     ``min_change_pct`` percent. ``jobs``: processes reading files (default as ``analyze``'s).
 
@@ -82,8 +86,8 @@ def compare(
     filters = Filters.of(ranks, steps, stages, all_ranks)
     method = Method(alpha=float(alpha), min_change_pct=float(min_change_pct), min_samples=MIN_SAMPLES)
     opts: dict[str, Any] = {"ranks": ranks, "steps": steps, "stages": stages, "all_ranks": all_ranks, "jobs": jobs}
-    side_b, skipped_b = _load(baseline, "baseline", filters, opts)
-    side_c, skipped_c = _load(candidate, "candidate", filters, opts)
+    label_b, side_b, skipped_b = _load(baseline, "baseline", filters, opts)
+    label_c, side_c, skipped_c = _load(candidate, "candidate", filters, opts)
 
     step, changes, overlap, notes = compare_sides(side_b, side_c, method)
     keep = set(overlap.common_ranks) or None
@@ -91,8 +95,8 @@ def compare(
     timeline = timeline_comparison(side_b.summary, side_c.summary)
     said = findings(step, changes, overlap, timeline, method, (side_b.summary, side_c.summary))
     return Comparison(
-        baseline=str(baseline),
-        candidate=str(candidate),
+        baseline=label_b,
+        candidate=label_c,
         step=step,
         changes=tuple(changes),
         findings=said,
@@ -116,27 +120,29 @@ def _reusable(values: Iterable[int] | None) -> Iterable[int] | None:
 
 
 def _load(
-    path: str | os.PathLike[str], which: str, filters: Filters, opts: dict[str, Any]
-) -> tuple[RunSide, list[tuple[str, str]]]:
-    root = Path(path)
+    source: Report | str | os.PathLike[str], which: str, filters: Filters, opts: dict[str, Any]
+) -> tuple[str, RunSide, list[tuple[str, str]]]:
+    """One side: its label, its values, the files its analysis skipped."""
+    if isinstance(source, Report):
+        side = side_from_report(which, source, filters=filters, timeline_rows=_timeline_rows(source))
+        return source.directory, side, [(s.path, s.reason) for s in source.skipped]
+    root = Path(source)
     if root.is_dir():
         report = analyze(root, **opts)
         if not report.stages and report.timeline is None:
             raise ValueError(f"{which} {root}: {_nothing(report)}")
-        side = side_from_analysis(which, report.to_dict(), timeline_rows=_timeline_rows(report))
-        return side, [(s.path, s.reason) for s in report.skipped]
+        side = side_from_report(which, report, filters=filters, timeline_rows=_timeline_rows(report))
+        return str(source), side, [(s.path, s.reason) for s in report.skipped]
     if not root.exists():
         raise FileNotFoundError(f"{which} {root}: no such directory or file")
-    data = _read_json(root, which)
     try:
-        side = side_from_analysis(
-            which, data, ranks=filters.ranks, steps=filters.steps, stages=filters.stages, json_input=True
-        )
+        saved = Report.from_dict(_read_json(root, which))
     except ValueError as exc:
         raise ValueError(f"{which} {root}: not the --json output of instrument analyze ({exc})") from None
+    side = side_from_report(which, saved, filters=filters, json_input=True)
     if not side.traces and side.summary is None:
         raise ValueError(f"{which} {root}: the analysis holds no stage and no timeline step the filters keep")
-    return side, []
+    return str(source), side, []
 
 
 def _nothing(report: Report) -> str:
@@ -148,8 +154,8 @@ def _nothing(report: Report) -> str:
     return "no trace and no step timeline in it (is it a save_path?)"
 
 
-def _read_json(path: Path, which: str) -> dict[str, Any]:
-    """An ``instrument analyze --json`` output, checked for the keys the comparison reads."""
+def _read_json(path: Path, which: str) -> Any:
+    """The JSON in ``path`` (an ``instrument analyze --json`` output, :meth:`Report.from_dict` checks)."""
     try:
         with open(path, "rb") as handle:
             text = handle.read(_MAX_JSON_BYTES + 1)
@@ -158,15 +164,10 @@ def _read_json(path: Path, which: str) -> dict[str, Any]:
     if len(text) > _MAX_JSON_BYTES:
         raise ValueError(f"{which} {path}: over {_MAX_JSON_BYTES >> 20} MiB: not an analysis")
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except (ValueError, RecursionError) as exc:
         words = str(exc).splitlines()[0][:120] if str(exc) else type(exc).__name__
         raise ValueError(f"{which} {path}: neither a directory nor JSON ({words})") from None
-    if not isinstance(data, dict) or not isinstance(data.get("stages"), list) or "directory" not in data:
-        raise ValueError(
-            f"{which} {path}: not the --json output of instrument analyze (no 'directory' and 'stages' in it)"
-        )
-    return data
 
 
 def _timeline_rows(report: Report) -> Iterator[SpanRow] | None:

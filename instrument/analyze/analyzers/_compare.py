@@ -22,23 +22,24 @@ would split (inputs, comparing, causes, the timeline's view).
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from instrument.analyze.analyzers._compare_stats import Judged, judge
 from instrument.analyze.model import (
     Cause,
     Change,
+    Filters,
     Method,
     OpTable,
     Overlap,
     PathShare,
+    Report,
     RoleIdle,
     TimelineComparison,
+    TimelineReport,
     Verdict,
     label_key,
 )
@@ -55,7 +56,7 @@ __all__ = [
     "op_causes",
     "pick_files",
     "rank_order",
-    "side_from_analysis",
+    "side_from_report",
     "steps_of",
     "timeline_comparison",
     "timeline_samples",
@@ -133,72 +134,43 @@ class RunSide:
         return held.role, held.stage
 
 
-def _label(rank: Any, replica: Any, worker: Any) -> str:
-    """A rank's label as the analysis writes it: ``3``, the file's worker name, or ``replica1``."""
-    if rank is not None:
-        return str(rank)
-    return str(worker) if worker is not None else f"replica{replica}"
+def _ms(value: float) -> float:
+    """``value`` at the precision ``--json`` keeps (µs): a saved analysis compares as the live one."""
+    return round(value, 3)
 
 
-def _num(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a number (got {value!r})")
-    return float(value)
-
-
-def _opt_int(value: Any, what: str) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-        raise ValueError(f"{what} must be an int or null (got {value!r})")
-    return value
-
-
-def _rows(data: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    rows = data.get(key)
-    if not isinstance(rows, list) or not all(isinstance(r, Mapping) for r in rows):
-        raise ValueError(f"'{key}' must be a list of objects")
-    return rows
-
-
-def side_from_analysis(
+def side_from_report(
     label: str,
-    data: Mapping[str, Any],
+    report: Report,
     *,
+    filters: Filters | None = None,
     timeline_rows: Iterable[tuple[str, str, str, int, int, int, int, int]] | None = None,
-    ranks: Any | None = None,
-    steps: Any | None = None,
-    stages: frozenset[str] | None = None,
     json_input: bool = False,
 ) -> RunSide:
-    """One run from its analysis (:meth:`~instrument.analyze.Report.to_dict`, or ``instrument analyze --json``
-    read back) and, when there are any, its timeline spans (kind, role, stage, step, rank, start ns, end ns,
-    thread). ``ranks`` / ``steps`` (anything with ``in``) and ``stages`` (label keys) filter; ``ValueError``
-    names what is not an analysis."""
+    """One run from its analysis (live, or :meth:`~instrument.analyze.Report.from_dict` of a saved one) and,
+    when there are any, its timeline spans (kind, role, stage, step, rank, start ns, end ns, thread), kept by
+    ``filters``; durations at the precision ``--json`` keeps."""
+    ranks = None if filters is None else filters.ranks
+    steps = None if filters is None else filters.steps
     side = RunSide(label=label, json_input=json_input)
-    for row in _rows(data, "stages"):
-        step = _opt_int(row.get("step"), "a stage's 'step'")
-        role, stage = row.get("role"), row.get("stage")
-        if not isinstance(role, str) or not isinstance(stage, str):
-            raise ValueError("a stage's 'role' and 'stage' must be strings")
-        if (steps is not None and (step is None or step not in steps)) or (
-            stages is not None and label_key(stage) not in stages
+    for row in report.stages:
+        if (steps is not None and (row.step is None or row.step not in steps)) or (
+            filters is not None and not filters.keeps_stage(row.stage)
         ):
             continue
-        key = (label_key(role), label_key(stage))
-        held = side.traces.setdefault(key, StageSamples(role, stage))
-        for member in _rows(row, "per_rank"):
-            rank = _opt_int(member.get("rank"), "a rank")
-            if ranks is not None and (rank is None or rank not in ranks):
+        key = (label_key(row.role), label_key(row.stage))
+        held = side.traces.setdefault(key, StageSamples(row.role, row.stage))
+        for member in row.ranks:
+            if ranks is not None and (member.rank is None or member.rank not in ranks):
                 continue
-            instance = (step, _label(rank, member.get("replica"), member.get("worker")))
-            wall = _num(member.get("wall_ms"), "'wall_ms'")
-            held.values[instance] = held.values.get(instance, 0.0) + wall
-            held.comm[instance] = held.comm.get(instance, 0.0) + _num(member.get("comm_ms", 0.0), "'comm_ms'")
-            files = member.get("files", [])
-            if isinstance(files, list):
-                held.files[instance] = held.files.get(instance, ()) + tuple(f for f in files if isinstance(f, str))
+            instance = (row.step, member.label)
+            held.values[instance] = held.values.get(instance, 0.0) + _ms(member.wall_ms)
+            held.comm[instance] = held.comm.get(instance, 0.0) + _ms(member.comm_ms)
+            held.files[instance] = held.files.get(instance, ()) + member.files
         if not held.values:
             del side.traces[key]
-    _timeline_from(side, data.get("timeline"), ranks, steps)
+    if report.timeline is not None:
+        _timeline_from(side, report.timeline, steps)
     if timeline_rows is not None:
         side.timeline, side.inner = timeline_samples(timeline_rows)
     if not side.step_ms:  # no timeline: a step is as long as its stages' median wall times together
@@ -214,37 +186,25 @@ def side_from_analysis(
     return side
 
 
-def _timeline_from(side: RunSide, timeline: Any, ranks: Any | None, steps: Any | None) -> None:
-    """The step times and the summary, from the analysis's ``timeline`` (``None`` when it has none)."""
-    if timeline is None:
+def _timeline_from(side: RunSide, timeline: TimelineReport, steps: Container[int] | None) -> None:
+    """The step times and the summary, from the analysis's timeline."""
+    if timeline.source == "traces":  # only the traced steps and ranks: the traces' rows compare them
         return
-    if not isinstance(timeline, Mapping):
-        raise ValueError("'timeline' must be an object or null")
-    if timeline.get("source") == "traces":  # only the traced steps and ranks: the traces' rows compare them
-        return
-    clock = timeline.get("clock")
-    aligned = bool(clock.get("aligned")) if isinstance(clock, Mapping) else False
-    summary = TimelineSummary(steps=0, aligned=aligned, wall_ms=0.0)
-    for row in _rows(timeline, "steps"):
-        step = _opt_int(row.get("step"), "a timeline step")
-        if step is None or (steps is not None and step not in steps):
+    summary = TimelineSummary(steps=0, aligned=timeline.clock.aligned, wall_ms=0.0)
+    for row in timeline.steps:
+        if steps is not None and row.step not in steps:
             continue
-        wall = _num(row.get("wall_ms"), "a step's 'wall_ms'")
-        side.step_ms[step] = wall
+        wall = _ms(row.wall_ms)
+        side.step_ms[row.step] = wall
         summary.steps += 1
         summary.wall_ms += wall
-        roles = row.get("roles", {})
-        if isinstance(roles, Mapping):
-            for role, part in roles.items():
-                if not isinstance(part, Mapping):
-                    continue
-                summary.busy_ms[role] = summary.busy_ms.get(role, 0.0) + _num(part.get("busy_ms", 0.0), "'busy_ms'")
-                summary.idle_ms[role] = summary.idle_ms.get(role, 0.0) + _num(part.get("idle_ms", 0.0), "'idle_ms'")
-                lanes = part.get("ranks", 1)
-                summary.lanes[role] = summary.lanes.get(role, 0) + (lanes if isinstance(lanes, int) else 1)
-        for part in _rows(row, "critical_path") if "critical_path" in row else []:
-            where = (part.get("role"), str(part.get("stage")))
-            summary.path_ms[where] = summary.path_ms.get(where, 0.0) + _num(part.get("ms", 0.0), "a path part's 'ms'")
+        for role, part in sorted(row.roles.items()):  # as --json orders them
+            summary.busy_ms[role] = summary.busy_ms.get(role, 0.0) + _ms(part.busy_ms)
+            summary.idle_ms[role] = summary.idle_ms.get(role, 0.0) + _ms(part.idle_ms)
+            summary.lanes[role] = summary.lanes.get(role, 0) + part.ranks
+        for share in row.critical_path:
+            where = (share.role, share.stage)
+            summary.path_ms[where] = summary.path_ms.get(where, 0.0) + _ms(share.ms)
     side.step_source = "timeline"
     side.summary = summary if summary.steps else None
 

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from functools import cached_property
 from typing import Any
 
 from instrument import naming
+from instrument.analyze.model import _json
 from instrument.analyze.model._timeline import TimelineReport, TimelineSpans
 
 __all__ = [
@@ -53,6 +55,11 @@ class Skipped:
 
     path: str
     reason: str
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Skipped:
+        """The inverse of the ``{"path", "reason"}`` object ``--json`` writes."""
+        return cls(_json.text(data, "path", what="a skipped file's 'path'"), _json.text(data, "reason", ""))
 
 
 @dataclass(frozen=True)
@@ -120,6 +127,23 @@ class MemoryFile:
         data = asdict(self)
         data["window"] = None if self.window is None else list(self.window)
         return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> MemoryFile:
+        """The inverse of :meth:`to_dict`; ``ValueError`` names the key."""
+        window = data.get("window")
+        return cls(
+            _json.text(data, "path", what="a memory file's 'path'"),
+            _json.text(data, "kind", what="a memory file's 'kind'"),
+            _json.text(data, "role", what="a memory file's 'role'"),
+            _json.text(data, "stage", what="a memory file's 'stage'"),
+            _json.integer(data, "step", what="a memory file's 'step'"),
+            _json.integer(data, "rank", what="a memory file's 'rank'"),
+            None if window is None else _json.pair(window, "a memory file's 'window'"),
+            _json.integer(data, "bytes", 0, what="a memory file's 'bytes'"),
+            _json.opt_int(data, "peak_allocated", "a memory file's 'peak_allocated'"),
+            _json.text(data, "note", ""),
+        )
 
 
 # --------------------------------------------------------------------------- numbers
@@ -200,6 +224,36 @@ class RankStats:
             "tokens": self.tokens,
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], step: int | None, role: str, stage: str) -> RankStats:
+        """The inverse of :meth:`to_dict`, for one row of the stage ``(step, role, stage)``."""
+        files = data.get("files", [])
+        if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+            raise ValueError(f"a rank's 'files' must be a list of strings (got {files!r})")
+        return cls(
+            step=step,
+            role=role,
+            stage=stage,
+            rank=_json.opt_int(data, "rank", "a rank"),
+            replica=_json.opt_int(data, "replica", "a rank's 'replica'"),
+            wall_ms=_json.number(data, "wall_ms"),
+            basis=_json.text(data, "basis", "stage"),
+            minibatch_ms=_json.number(data, "minibatch_ms", 0.0),
+            mini_batches=_json.integer(data, "mini_batches", 0),
+            cpu_ms=_json.number(data, "cpu_ms", 0.0),
+            kernel_ms=_json.opt_number(data, "kernel_ms"),
+            kernels=_json.integer(data, "kernels", 0),
+            events=_json.integer(data, "events", 0),
+            files=tuple(files),
+            windows=tuple(_json.pair(w, "a rank's window") for w in _json.rows_or_pairs(data, "windows")),
+            partial=_json.boolean(data, "partial", False),
+            worker=_json.opt_str(data, "worker"),
+            comm_ms=_json.number(data, "comm_ms", 0.0),
+            work_ms=_json.opt_number(data, "work_ms"),
+            iterations=_json.integer(data, "iterations", 0),
+            tokens=_json.integer(data, "tokens", 0),
+        )
+
 
 @dataclass(frozen=True)
 class StageStats:
@@ -268,6 +322,35 @@ class StageStats:
             "median_events": self.events,
             "per_rank": [r.to_dict() for r in self.ranks],
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StageStats:
+        """The inverse of :meth:`to_dict`; ``ValueError`` names the key."""
+        step = _json.opt_int(data, "step", "a stage's 'step'")
+        role, stage = data.get("role"), data.get("stage")
+        if not isinstance(role, str) or not isinstance(stage, str):
+            raise ValueError("a stage's 'role' and 'stage' must be strings")
+        ratio = _json.opt_number(data, "straggler_ratio")
+        return cls(
+            step=step,
+            role=role,
+            stage=stage,
+            ranks=tuple(RankStats.from_json(r, step, role, stage) for r in _json.rows(data, "per_rank")),
+            median_ms=_json.number(data, "median_ms", 0.0),
+            max_ms=_json.number(data, "max_ms", 0.0),
+            min_ms=_json.number(data, "min_ms", 0.0),
+            straggler=_json.opt_str(data, "straggler"),
+            straggler_rank=_json.opt_int(data, "straggler_rank"),
+            ratio=ratio,
+            minibatch_ms=_json.number(data, "median_minibatch_ms", 0.0),
+            cpu_ms=_json.number(data, "median_cpu_ms", 0.0),
+            kernel_ms=_json.opt_number(data, "median_kernel_ms"),
+            events=_json.number(data, "median_events", 0.0),
+            judged_by=_json.text(data, "straggler_by", "wall"),
+            median_work_ms=_json.number(data, "median_work_ms", 0.0),
+            lost_ms=_json.number(data, "lost_ms", 0.0),
+            below_floor=_json.opt_str(data, "below_floor"),
+        )
 
 
 def _r(value: float) -> float:
@@ -446,3 +529,34 @@ class Report:
     def to_json(self, indent: int | None = 2) -> str:
         """:meth:`to_dict` as JSON text."""
         return json.dumps(self.to_dict(), indent=indent)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """A report from its :meth:`to_dict` (``instrument analyze --json`` read back): the one reader of that
+        form, so a saved analysis compares, renders and round-trips as the live one (without the spans behind
+        the timeline and the page's details, which ``--json`` does not hold; percentages are made again from the
+        milliseconds kept, so their last digit may move). ``ValueError`` names what is not an analysis; keys a
+        newer version adds are ignored, keys an older one lacked take their defaults."""
+        if not isinstance(data, Mapping) or not isinstance(data.get("stages"), list) or "directory" not in data:
+            raise ValueError("no 'directory' and 'stages' in it")
+        timeline = data.get("timeline")
+        if timeline is not None and not isinstance(timeline, Mapping):
+            raise ValueError("'timeline' must be an object or null")
+        return cls(
+            directory=_json.text(data, "directory"),
+            stages=tuple(StageStats.from_json(s) for s in _json.rows(data, "stages")),
+            skipped=tuple(Skipped.from_json(s) for s in _json.rows(data, "skipped", [])),
+            files=_json.integer(data, "files", 0),
+            bytes=_json.integer(data, "bytes", 0),
+            events=_json.integer(data, "events", 0),
+            elapsed_s=_json.number(data, "elapsed_s", 0.0),
+            jobs=_json.integer(data, "jobs", 1),
+            caveat=_json.text(data, "caveat", CLOCK_CAVEAT),
+            gpu=tuple(dict(g) for g in _json.rows(data, "gpu", [])),
+            memory=tuple(MemoryFile.from_json(m) for m in _json.rows(data, "memory", [])),
+            gpu_kernels=tuple(dict(g) for g in _json.rows(data, "gpu_kernels", [])),
+            gpu_idle=tuple(dict(g) for g in _json.rows(data, "gpu_idle", [])),
+            notes=tuple(Skipped.from_json(s) for s in _json.rows(data, "notes", [])),
+            timeline=None if timeline is None else TimelineReport.from_json(data),
+            timeline_note=_json.opt_str(data, "timeline_note"),
+        )

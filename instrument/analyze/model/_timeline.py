@@ -11,6 +11,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass
 from typing import TYPE_CHECKING, Any, overload
 
+from instrument.analyze.model import _json
 from instrument.timeline import SpanColumns, SpanTable
 
 if TYPE_CHECKING:
@@ -53,6 +54,16 @@ class TimeShare:
 
     def to_json(self) -> dict[str, Any]:
         return {"role": self.role, "stage": self.stage, "rank": self.rank, "ms": _round(self.ms)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], what: str = "a time share") -> TimeShare:
+        """The inverse of :meth:`to_json` (``rank`` may be absent: a role's cause); ``ValueError`` names the key."""
+        return cls(
+            _json.opt_str(data, "role", f"{what}'s 'role'"),
+            _json.text(data, "stage", what=f"{what}'s 'stage'"),
+            _json.opt_int(data, "rank", f"{what}'s 'rank'"),
+            _json.number(data, "ms", what=f"{what}'s 'ms'"),
+        )
 
 
 WaitRow = tuple[str | None, str, int | None, int]
@@ -148,6 +159,17 @@ class RankTimeline:
                 {"role": role, "stage": stage, "rank": rank, "ms": _round(ms)} for role, stage, rank, ms in self.waits()
             ],
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RankTimeline:
+        """The inverse of :meth:`to_json`; ``ValueError`` names the key."""
+        return cls(
+            _json.integer(data, "rank", what="a timeline rank's 'rank'"),
+            _json.text(data, "role", what="a timeline rank's 'role'"),
+            _json.number(data, "busy_ms", 0.0),
+            _json.number(data, "idle_ms", 0.0),
+            tuple(TimeShare.from_json(w, "a wait") for w in _json.rows(data, "waited_for", [])),
+        )
 
 
 class RankTable(Sequence["RankTimeline"]):
@@ -272,6 +294,17 @@ class RoleTimeline:
             "waited_for": [{"role": w.role, "stage": w.stage, "ms": _round(w.ms)} for w in self.waited_for],
         }
 
+    @classmethod
+    def from_json(cls, role: str, data: Mapping[str, Any]) -> RoleTimeline:
+        """The inverse of :meth:`to_json` (the role is its key in the step's ``roles``)."""
+        return cls(
+            role,
+            _json.integer(data, "ranks", 1, what=f"role {role}'s 'ranks'"),
+            _json.number(data, "busy_ms", 0.0),
+            _json.number(data, "idle_ms", 0.0),
+            tuple(TimeShare.from_json(w, "a wait") for w in _json.rows(data, "waited_for", [])),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class StepTimeline:
@@ -298,6 +331,19 @@ class StepTimeline:
             "generation_ms": _round(self.generation_ms),
             "generation_pct": round(self.generation_pct, 2),
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> StepTimeline:
+        """The inverse of :meth:`to_json`; ``ValueError`` names the key."""
+        roles = _json.mapping(data, "roles", {}, what="a timeline step's 'roles'")
+        return cls(
+            _json.integer(data, "step", what="a timeline step's 'step'"),
+            _json.number(data, "wall_ms", what="a step's 'wall_ms'"),
+            tuple(TimeShare.from_json(p, "a path part") for p in _json.rows(data, "critical_path", [])),
+            {name: RoleTimeline.from_json(name, _json.mapping(roles, name)) for name in roles},
+            tuple(RankTimeline.from_json(r) for r in _json.rows(data, "ranks", [])),
+            _json.number(data, "generation_ms", 0.0),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +372,29 @@ class Finding:
             "waiting_for": None if cause is None else {"role": cause[0], "stage": cause[1]},
         }
 
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        """The inverse of :meth:`to_json`; ``ValueError`` names the key."""
+        steps = data.get("steps", [])
+        if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+            raise ValueError(f"a finding's 'steps' must be a list of ints (got {steps!r})")
+        cause = data.get("waiting_for")
+        return cls(
+            _json.text(data, "kind", what="a finding's 'kind'"),
+            _json.text(data, "text", what="a finding's 'text'"),
+            _json.number(data, "lost_ms", what="a finding's 'lost_ms'"),
+            _json.opt_str(data, "role"),
+            _json.opt_str(data, "stage"),
+            _json.opt_int(data, "rank", "a finding's 'rank'"),
+            tuple(steps),
+            None
+            if cause is None
+            else (
+                _json.text(_json.mapping(data, "waiting_for"), "role", what="'waiting_for.role'"),
+                _json.text(_json.mapping(data, "waiting_for"), "stage", what="'waiting_for.stage'"),
+            ),
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class ClockInfo:
@@ -335,6 +404,15 @@ class ClockInfo:
 
     def to_json(self) -> dict[str, Any]:
         return {"aligned": self.aligned, "max_uncertainty_ms": self.max_uncertainty_ms, "note": self.note}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ClockInfo:
+        """The inverse of :meth:`to_json`."""
+        return cls(
+            _json.boolean(data, "aligned", False, what="'clock.aligned'"),
+            _json.opt_number(data, "max_uncertainty_ms", "'clock.max_uncertainty_ms'"),
+            _json.opt_str(data, "note", "'clock.note'"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,6 +433,18 @@ class TimelineReport:
             },
             "findings": [f.to_json() for f in self.findings],
         }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TimelineReport:
+        """The inverse of :meth:`to_json`: ``data`` holds ``timeline`` (an object) and ``findings``."""
+        timeline = _json.mapping(data, "timeline", what="'timeline'")
+        return cls(
+            ClockInfo.from_json(_json.mapping(timeline, "clock", {}, what="'timeline.clock'")),
+            tuple(StepTimeline.from_json(s) for s in _json.rows(timeline, "steps", what="'timeline.steps'")),
+            tuple(Finding.from_json(f) for f in _json.rows(data, "findings", [], what="'findings'")),
+            _json.integer(timeline, "skipped_spans", 0, what="'timeline.skipped_spans'"),
+            _json.text(timeline, "source", "files", what="'timeline.source'"),
+        )
 
 
 def findings_text(report: TimelineReport, limit: int = 5) -> list[str]:
