@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from instrument.analyze.analyzers._fold import Fold
-from instrument.analyze.analyzers._snapshots import find_memory_files
 from instrument.analyze.analyzers._stats import compare
 from instrument.analyze.analyzers._timeline import analyze_timeline
 from instrument.analyze.model import (
@@ -39,6 +38,7 @@ from instrument.analyze.traces._names import worker_label
 from instrument.analyze.traces._ray import scan_on_ray
 from instrument.analyze.traces._reader import FileScan, TraceError, read_header, scan_file, with_rank_from_header
 from instrument.analyze.traces._selection import Selection
+from instrument.analyze.traces._snapshots import find_memory_files
 from instrument.analyze.traces._timelines import align, find_timelines
 from instrument.analyze.traces._trace_spans import FROM_TRACES_NOTE, NO_STEP_RANGES, TraceSpans
 from instrument.naming import TIMELINE_SUFFIX

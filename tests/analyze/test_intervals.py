@@ -15,8 +15,8 @@ import pytest
 
 from instrument.analyze import analyze
 from instrument.analyze._cli import parse_int_list
-from instrument.analyze.analyzers._snapshots import find_memory_files
 from instrument.analyze.model import Filters, IntRanges
+from instrument.analyze.traces._snapshots import find_memory_files
 
 HUGE = "0-999999999999"
 

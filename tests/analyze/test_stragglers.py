@@ -16,7 +16,7 @@ import pytest
 
 from instrument import naming
 from instrument.analyze import Report, StageStats, analyze, render_text
-from instrument.analyze.analyzers._stats import STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE
+from instrument.analyze.model import STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE
 from instrument.analyze.render import _tables as tables
 from instrument.analyze.traces._steps import Ranges, blocked
 from tests.analyze.test_analyze import sdk_trace

@@ -19,15 +19,19 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from instrument.analyze.model import ENGINE_STAGES, GENERATION_STAGES, RankStats, StageStats, label_key
+from instrument.analyze.model import (
+    ENGINE_STAGES,
+    GENERATION_STAGES,
+    STRAGGLER_MIN_MS,
+    STRAGGLER_MIN_SHARE,
+    RankStats,
+    StageStats,
+    label_key,
+)
 
-__all__ = ["STRAGGLER_MIN_MS", "STRAGGLER_MIN_SHARE", "US_PER_MS", "across", "compare", "step_totals"]
+__all__ = ["US_PER_MS", "across", "compare", "step_totals"]
 
 US_PER_MS = 1000.0
-STRAGGLER_MIN_MS = 5.0
-"""The slowest rank's wall time under which a stage names no straggler: "a few ms", where noise and jitter rule."""
-STRAGGLER_MIN_SHARE = 0.01
-"""Share of its step (the slowest rank's wall time over the step's) under which a stage names no straggler."""
 _GENERATING = frozenset(label_key(name) for name in GENERATION_STAGES)
 
 

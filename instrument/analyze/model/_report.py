@@ -21,6 +21,8 @@ __all__ = [
     "CLOCK_CAVEAT",
     "ENGINE_STAGES",
     "GENERATION_STAGES",
+    "STRAGGLER_MIN_MS",
+    "STRAGGLER_MIN_SHARE",
     "MemoryFile",
     "RankStats",
     "Report",
@@ -38,6 +40,11 @@ ENGINE_STAGES = frozenset({"engine", "frontend"})
 seconds, inside the stage that generates, so they never add to a step's time."""
 GENERATION_STAGES = frozenset({"generate_sequences", "generate"})
 """Stages that generate (the engine's work lies inside them); the step timeline's analysis reads the same."""
+STRAGGLER_MIN_MS = 5.0
+"""The slowest rank's wall time under which a stage names no straggler (:attr:`StageStats.below_floor`): "a few
+ms", where noise and jitter rule."""
+STRAGGLER_MIN_SHARE = 0.01
+"""Share of its step (the slowest rank's wall time over the step's) under which a stage names no straggler."""
 CLOCK_CAVEAT = "Clocks of different hosts are not aligned: ranks are compared by durations only, never by timestamps."
 
 
@@ -441,7 +448,7 @@ class Report:
     gpu: tuple[dict[str, Any], ...] = ()
     """GPU time per rank: the whole trace (``step`` None), then each ``ProfilerStep`` (:mod:`.traces._gpu`)."""
     memory: tuple[MemoryFile, ...] = ()
-    """CUDA memory snapshots and CPU memory timelines beside the traces (:mod:`.analyzers._snapshots`)."""
+    """CUDA memory snapshots and CPU memory timelines beside the traces (:mod:`..traces._snapshots`)."""
     gpu_kernels: tuple[dict[str, Any], ...] = ()
     """Per rank, whole trace: GPU time by kernel type, the top kernels, the launch delay (:mod:`.traces._kernels`)."""
     gpu_idle: tuple[dict[str, Any], ...] = ()

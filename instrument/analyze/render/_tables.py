@@ -16,8 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from instrument import naming
-from instrument.analyze.analyzers._stats import STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE
-from instrument.analyze.model import MemoryFile, Report, StageStats
+from instrument.analyze.model import STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE, MemoryFile, Report, StageStats
 from instrument.analyze.render._words import ms, pct, plural, size
 
 __all__ = [
