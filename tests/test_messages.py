@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument import metrics
-from instrument.recorders import _registry
+from instrument import _tools, metrics, recorders
 
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> str:
@@ -32,10 +31,10 @@ def test_a_recorder_whose_package_is_missing_names_the_extra(monkeypatch: pytest
     _block(monkeypatch, "nvtx")
     monkeypatch.delitem(sys.modules, "instrument.recorders.nvtx", raising=False)
     # the module path, not a class a previous test may have cached in the registry
-    fresh = dataclasses.replace(_registry.registration("nvtx"), factory="instrument.recorders.nvtx:NvtxBackend")
-    monkeypatch.setitem(_registry._REGISTRY, "nvtx", fresh)
+    fresh = dataclasses.replace(recorders.registration("nvtx"), factory="instrument.recorders.nvtx:NvtxBackend")
+    monkeypatch.setitem(_tools._REGISTRY, "nvtx", fresh)
     with pytest.raises(ModuleNotFoundError, match=r"^tool='nvtx' needs 'nvtx' \(not installed\): ") as caught:
-        _registry.recorder_class("nvtx")
+        recorders.recorder_class("nvtx")
     assert "pip install 'instrument[nvtx]'" in str(caught.value)
     assert caught.value.name == "nvtx"
 
@@ -45,8 +44,8 @@ def test_tool_nvtx_without_nvtx_warns_with_the_extra_and_training_goes_on(
 ) -> None:
     _block(monkeypatch, "nvtx")
     monkeypatch.delitem(sys.modules, "instrument.recorders.nvtx", raising=False)
-    fresh = dataclasses.replace(_registry.registration("nvtx"), factory="instrument.recorders.nvtx:NvtxBackend")
-    monkeypatch.setitem(_registry._REGISTRY, "nvtx", fresh)
+    fresh = dataclasses.replace(recorders.registration("nvtx"), factory="instrument.recorders.nvtx:NvtxBackend")
+    monkeypatch.setitem(_tools._REGISTRY, "nvtx", fresh)
     caplog.set_level(logging.WARNING, logger="instrument")
 
     @ins.profiled_stage("update_actor")
@@ -62,10 +61,10 @@ def test_tool_nvtx_without_nvtx_warns_with_the_extra_and_training_goes_on(
 
 
 def test_a_recorder_that_is_not_ours_keeps_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    ins.recorders.register("elsewhere", "no_such_package_here.module:Recorder")
-    monkeypatch.setitem(_registry._REGISTRY, "elsewhere", _registry.registration("elsewhere"))
+    monkeypatch.setattr(_tools, "_REGISTRY", dict(_tools._REGISTRY))  # process-wide: "elsewhere" goes again after
+    recorders.register("elsewhere", "no_such_package_here.module:Recorder")
     with pytest.raises(ModuleNotFoundError, match="No module named 'no_such_package_here'"):
-        _registry.recorder_class("elsewhere")
+        recorders.recorder_class("elsewhere")
 
 
 def test_metrics_without_prometheus_client_name_the_extra(

@@ -1,6 +1,9 @@
 """The ``memory`` section of the configuration: CUDA memory snapshots per stage and on OOM.
 
-Kept apart from :mod:`instrument.config` so that module stays small; re-exported as
+The memory recorder (:mod:`instrument.recorders.memory`, tool ``torch_memory``) declares this
+field as its options at registration (``options="memory"``); it is defined here, not there, because
+``ProfilerConfig`` validates it at construction and config never imports the recorders. Kept apart
+from :mod:`instrument.config._settings` so that module stays small; re-exported as
 ``instrument.MemorySnapshots``. Standard library and attrs only (``import instrument`` never
 imports torch).
 """
@@ -11,10 +14,7 @@ import attrs
 
 from instrument.config._validators import boolean, guesses_keywords, int_at_least, one_of
 
-__all__ = ["MEMORY_CONTEXTS", "MEMORY_STACKS", "MEMORY_TOOL", "MemorySnapshots"]
-
-MEMORY_TOOL = "torch_memory"
-"""The tool name of the memory recorder (verl's name for it)."""
+__all__ = ["MEMORY_CONTEXTS", "MEMORY_STACKS", "MemorySnapshots"]
 
 MEMORY_CONTEXTS = ("all", "alloc", "state")
 """Allowed ``MemorySnapshots.context`` values (``torch.cuda.memory._record_memory_history(context=)``)."""

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from instrument import recorders
+from instrument import _tools
 
 __all__ = [
     "CONTENTS",
@@ -38,7 +38,7 @@ __all__ = [
     "to_sorted_tuple",
 ]
 
-TOOLS = ("none", *recorders.BUILT_IN_TOOLS)
+TOOLS = ("none", *_tools.BUILT_IN_TOOLS)
 """``none`` and the built-in recorders; ``ProfilerConfig.tool`` also takes registered ones (``registered_tools()``)
 and several joined by ``+`` (``"torch+torch_memory"``)."""
 
@@ -89,7 +89,10 @@ def one_of(allowed: Sequence[str]) -> Callable[[Any, attrs.Attribute[Any], Any],
 
 
 def known_tool(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
-    """``none``, or registered recorder names (read now: the registry may have grown) joined by ``+``, each once."""
+    """``none``, or registered recorder names (read now: the registry may have grown) joined by ``+``, each once.
+
+    The registry (:mod:`instrument._tools`) sits below this package: config never imports the recorders.
+    """
     if value == "none":
         return
     field = attribute.name
@@ -103,9 +106,9 @@ def known_tool(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> N
             raise ValueError(f"'{field}' cannot combine 'none' with recorders: {value!r}")
         seen.add(name)
         try:
-            recorders.registration(name)
+            _tools.registration(name)
         except KeyError:
-            known = ", ".join(map(repr, recorders.registered_tools()))
+            known = ", ".join(map(repr, _tools.registered_tools()))
             if name == value:
                 raise ValueError(
                     f"'{field}' must be one of 'none', {known}, or recorder names joined by '+': {value!r}"

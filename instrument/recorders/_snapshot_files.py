@@ -23,12 +23,14 @@ from typing import Any
 
 from instrument import naming
 from instrument._safe_files import new_file
-from instrument.config._memory import MEMORY_TOOL, MemorySnapshots
+from instrument.config import MemorySnapshots
 from instrument.recorders import Publish, Report, TraceSpec
 from instrument.recorders._publish import Finisher, publish_as, record_of
 
-__all__ = ["PENDING", "SNAPSHOT_SUFFIX", "SnapshotWriter", "cut_stacks"]
+__all__ = ["MEMORY_TOOL", "PENDING", "SNAPSHOT_SUFFIX", "SnapshotWriter", "cut_stacks"]
 
+MEMORY_TOOL = "torch_memory"
+"""The memory recorder's tool name (verl's name for it); its options are ``ProfilerConfig.memory``."""
 SNAPSHOT_SUFFIX = naming.SNAPSHOT_SUFFIX
 PENDING = 2
 WAIT_FOR_WRITER_S = 60.0  # a stage's end waits at most this for a free place, then drops the snapshot

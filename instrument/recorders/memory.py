@@ -25,9 +25,9 @@ import torch
 
 from instrument import naming
 from instrument._warnings import WarnOnce
-from instrument.config._memory import MEMORY_TOOL, MemorySnapshots
+from instrument.config import MemorySnapshots
 from instrument.recorders import Publish, Report, TraceSpec
-from instrument.recorders._snapshot_files import SNAPSHOT_SUFFIX, SnapshotWriter, cut_stacks
+from instrument.recorders._snapshot_files import MEMORY_TOOL, SNAPSHOT_SUFFIX, SnapshotWriter, cut_stacks
 from instrument.schedule import Action, action_at, window_of
 
 __all__ = ["SNAPSHOT_SUFFIX", "MemoryRecorder", "OomSnapshots", "cut_stacks"]

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument import recorders
+from instrument import _tools, recorders
 from instrument._warnings import WarnOnce
 from instrument.manifest import TraceRecord, read_manifests
-from instrument.recorders import FastRange, FastRanges, FastScope, Publish, Report, TraceSpec, _registry
+from instrument.recorders import FastRange, FastRanges, FastScope, Publish, Report, TraceSpec
 from tests.conftest import without_timeline
 
 GUARD_S = 120.0  # only ever hit when something hangs
@@ -88,9 +88,9 @@ class FastStageFiles(StageFiles):
 @pytest.fixture(autouse=True)
 def _registry_back(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The registry is process-wide: each test leaves it as it found it (the only use of its private names here)."""
-    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
-    monkeypatch.setattr(_registry, "_broken", set())
-    monkeypatch.setattr(_registry, "_warn", WarnOnce(_registry.logger))
+    monkeypatch.setattr(_tools, "_REGISTRY", dict(_tools._REGISTRY))
+    monkeypatch.setattr(_tools, "_broken", set())
+    monkeypatch.setattr(_tools, "_warn", WarnOnce(_tools.logger))
     yield
 
 
@@ -202,7 +202,7 @@ def test_an_entry_point_recorder_is_found_when_its_name_is_looked_up(
 ) -> None:
     monkeypatch.syspath_prepend(str(_distribution(tmp_path / "site", ENTRY_POINTS)))
     assert {"stage_files_ep", "broken_ep"} <= set(recorders.registered_tools())  # listed, not loaded
-    assert "stage_files_ep" not in _registry._REGISTRY
+    assert "stage_files_ep" not in _tools._REGISTRY
     files = _train(tmp_path / "profile", "stage_files_ep")
     assert recorders.recorder_class("stage_files_ep") is StageFiles
     assert len(files) == 2

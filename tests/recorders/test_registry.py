@@ -14,11 +14,11 @@ import pytest
 
 import instrument as ins
 import instrument.testing
+from instrument import _tools
 from instrument.recorders import (
     Publish,
     Report,
     TraceSpec,
-    _registry,
     register_recorder,
 )
 from instrument.testing import RecorderCall as Call
@@ -144,7 +144,7 @@ def test_capture_alongside_keeps_the_configured_recorder(tmp_path: Path) -> None
 def test_register_recorder_checks_its_arguments(
     tool: str, target: Any, error: type[Exception], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
+    monkeypatch.setattr(_tools, "_REGISTRY", dict(_tools._REGISTRY))
     with pytest.raises(error):
         register_recorder(tool, target)
 
@@ -182,7 +182,7 @@ class _Probe(instrument.testing.RecordingRecorder):
 def test_an_outermost_recorder_wraps_the_others_and_gets_its_options(
     tool: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))
+    monkeypatch.setattr(_tools, "_REGISTRY", dict(_tools._REGISTRY))
     events: list[str] = []
     tracer = type("Tracer", (_Probe,), {"tool": "tracer", "events": events})
     snapshots = type("Snapshots", (_Probe,), {"tool": "snapshots", "events": events})

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument import recorders
-from instrument.recorders import _registry
+from instrument import _tools, recorders
 from instrument.testing import RecordingRecorder
 
 
@@ -44,7 +43,7 @@ def test_nvtx_injection_is_dropped_only_under_torch_with_cuda(
 def test_a_recorder_that_declares_cupti_drops_nvtx_injection(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tool: str, kept: bool
 ) -> None:
-    monkeypatch.setattr(_registry, "_REGISTRY", dict(_registry._REGISTRY))  # the registry is process-wide
+    monkeypatch.setattr(_tools, "_REGISTRY", dict(_tools._REGISTRY))  # the registry is process-wide
     recorders.register("cupti_probe", RecordingRecorder, uses_cupti=True)
     recorders.register("plain_probe", RecordingRecorder)
     monkeypatch.setenv("NVTX_INJECTION64_PATH", "/opt/nsight/libToolsInjection64.so")
