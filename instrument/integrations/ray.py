@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,13 +35,18 @@ from ray.exceptions import GetTimeoutError, RayError
 import instrument
 from instrument._warnings import WarnOnce
 from instrument.config import ProfilerConfig
-from instrument.manifest import Manifest
-from instrument.recorders.nsys import nsys_runtime_env
-from instrument.run._clock import ROUND_TRIPS, Sample, relative, reported_host, round_trip
-from instrument.run._run_id import resolve_run_id
-from instrument.run._session import STATE, is_last_step
-from instrument.run._stages import sees_every_step
-from instrument.run._timeline import TimelineWriter
+from instrument.integrations.nsys import nsys_runtime_env
+from instrument.run import controller
+from instrument.run.controller import (
+    ROUND_TRIPS,
+    ControllerTimeline,
+    Sample,
+    is_last_step,
+    relative,
+    reported_host,
+    round_trip,
+    sees_every_step,
+)
 
 __all__ = ["CONTROLLER_ROLE", "ProfileController", "ProfiledWorker", "WorkerFailure", "nsight_runtime_env"]
 
@@ -53,7 +57,6 @@ _CONTROL_TIMEOUT_S = 120.0
 _CLOCK_TIMEOUT_S = 10.0  # one clock round trip that takes longer: that host stays unaligned
 CONTROLLER_ROLE = "controller"
 """The role of the controller's own step timeline (a driver that did not call ``instrument.configure``)."""
-_STEP_SPAN = ("step", None, "step")
 _CLOCK_FAILED = "cannot measure the Ray workers' clocks (the step timeline may stay unaligned across hosts)"
 
 
@@ -81,21 +84,15 @@ class ProfiledWorker:
 
     def yield_finish_hook(self) -> None:
         """Let the controller decide when and where the finish hook runs."""
-        session = STATE.session
-        if session is not None:
-            session.hook.automatic = False
+        controller.yield_finish_hook()
 
     def wait_profile_exports(self) -> None:
         """Block until this worker's traces so far are on disk."""
-        session = STATE.session
-        if session is not None:
-            session.wait_for_exports()
+        controller.wait_for_exports()
 
     def run_profile_finish_hook(self) -> None:
         """Run the finish hook now if this worker's rank is one of its ranks (once per run)."""
-        session = STATE.session
-        if session is not None:
-            session.run_finish_hook()
+        controller.run_finish_hook()
 
     def finish_profile(self) -> list[str]:
         """End this worker's run (idempotent): flush its traces; returns the files it wrote."""
@@ -113,12 +110,7 @@ class ProfiledWorker:
 
     def record_profile_clock(self, offset_ns: int, uncertainty_ns: int, source: str) -> bool:
         """Record a clock estimate (this clock minus the reference's) in the timeline; whether there is one."""
-        session = STATE.session
-        timeline = None if session is None else session.timeline
-        if timeline is None:
-            return False
-        timeline.add_clock(offset_ns, uncertainty_ns, source)
-        return True
+        return controller.record_clock(offset_ns, uncertainty_ns, source)
 
 
 @dataclass(frozen=True)
@@ -171,27 +163,12 @@ class ProfileController:
         """Clock measurements that failed (each left some timeline unaligned); the first is a warning."""
         self._warn = WarnOnce(logger)
         self._step_started_ns = 0
-        self._timeline: TimelineWriter | None = None
-        self._manifest: Manifest | None = None
-        session = STATE.session
-        self._driver_run = session if session is not None and not session.finished else None
-        if config.timeline and config.enable and self._driver_run is None:
-            # The Ray job names the run, as it does for the workers: the analysis reads this manifest with theirs.
-            self._manifest = Manifest(config.save_path, run=resolve_run_id(rank=0, world_size=1))
-            self._timeline = TimelineWriter(
-                config.save_path,
-                role=CONTROLLER_ROLE,
-                rank=0,
-                world_size=1,
-                publish=self._manifest.append,
-                report=self._timeline_failed,
-            )
+        self._timeline = ControllerTimeline(config, role=CONTROLLER_ROLE, report=self._timeline_failed)
 
     @property
     def manifest_path(self) -> Path | None:
         """The controller's own manifest (it lists the controller's timeline), once written; else ``None``."""
-        manifest = self._manifest
-        return manifest.path if manifest is not None and manifest.path.is_file() else None
+        return self._timeline.manifest_path
 
     @property
     def workers(self) -> list[Any]:
@@ -255,15 +232,11 @@ class ProfileController:
         """Close step ``step``; after the last step run the finish hook (the same rule as a single process)."""
         if self._drives(step):
             self._call("stop_profile", step, False)
-        timeline = self._timeline
-        if timeline is not None and self._step_started_ns:
-            timeline.pending.append((_STEP_SPAN, step, self._step_started_ns, time.perf_counter_ns(),
-                                     threading.get_ident()))  # fmt: skip
-            timeline.wake()
+        if self._step_started_ns:
+            self._timeline.add_step(step, self._step_started_ns, time.perf_counter_ns())
         self._step_started_ns = 0
         if is_last_step(self.config, step, last=last):
-            if timeline is not None:
-                timeline.write_now()  # the hook's archive holds every step of it
+            self._timeline.write_now()  # the hook's archive holds every step of it
             self._run_finish_hook()
 
     def _run_finish_hook(self) -> None:
@@ -295,12 +268,9 @@ class ProfileController:
                 self._measure_clocks("the finish")
             for files in self._call("finish_profile"):
                 self.files.extend(files)
-            if self._timeline is not None:
-                self._timeline.close()  # bounded, never raises
-                if self._timeline.path is not None:
-                    self.files.append(str(self._timeline.path))
-            if self._manifest is not None:
-                self._manifest.close()
+            path = self._timeline.close()  # bounded, never raises
+            if path is not None:
+                self.files.append(path)
         return list(self.files)
 
     # ------------------------------------------------------------------ clocks
@@ -321,15 +291,6 @@ class ProfileController:
         self.clock_failures += 1
         self._warn.failure(_CLOCK_FAILED, exc)
 
-    def _own_timeline(self) -> tuple[TimelineWriter, int] | None:
-        """The controller process's timeline and its rank: the controller's own, or the driver's run's."""
-        if self._timeline is not None:
-            return self._timeline, 0
-        session = self._driver_run
-        if session is not None and session.timeline is not None:
-            return session.timeline, session.rank
-        return None
-
     def _hand_out_clocks(self, when: str) -> None:
         live = [actor for actor in self._workers if actor not in self._dead]
         places = dict(zip(live, self._ask_all(live, "profile_clock"), strict=True))
@@ -344,9 +305,9 @@ class ProfileController:
                     hosts[host] = sample
         # The reference is the timeline the analysis takes for it: the lowest (rank, pid).
         candidates = [((rank, pid), host) for _, host, rank, pid in places.values() if rank >= 0]
-        own = self._own_timeline()
-        if own is not None:
-            candidates.append(((own[1], os.getpid()), here))
+        own_rank = self._timeline.clock_rank()  # the controller's own timeline, or the driver's run's
+        if own_rank is not None:
+            candidates.append(((own_rank, os.getpid()), here))
         if not candidates:
             return
         reference_host = min(candidates)[1]
@@ -371,8 +332,8 @@ class ProfileController:
             if value is not None:
                 pending[actor.record_profile_clock.remote(*value)] = actor
         own_estimate = estimate(here)
-        if own is not None and own_estimate is not None:
-            own[0].add_clock(*own_estimate)
+        if own_rank is not None and own_estimate is not None:
+            self._timeline.add_clock(*own_estimate)
         if pending:
             _, late = ray.wait(list(pending), num_returns=len(pending), timeout=_CLOCK_TIMEOUT_S)
             if late:
@@ -413,4 +374,5 @@ class ProfileController:
 
 
 nsight_runtime_env = nsys_runtime_env
-"""``{"nsight": {...}}`` for Ray actors (Ray's own word for it): :func:`instrument.recorders.nsys.nsys_runtime_env`."""
+"""``{"nsight": {...}}`` for Ray actors (Ray's own word for it):
+:func:`instrument.integrations.nsys.nsys_runtime_env`."""

@@ -5,7 +5,7 @@ role, a stable colour per stage and the RL step as payload. Capture ranges
 (``cudaProfilerStart/Stop``) open and close only around what is profiled — each stage (or
 each recorded window of a scheduled stage) in discrete mode, each step in continuous mode —
 so ``nsys profile --capture-range=cudaProfilerApi`` records only those
-(:mod:`instrument.recorders.nsys` builds the options and brings the report home).
+(:mod:`instrument.integrations.nsys` builds the options and brings the report home).
 
 Loaded only when a session uses ``tool="nvtx"``; imports ``nvtx``, never torch (it uses torch's
 CUDA profiler calls only when torch is already imported).

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 import instrument as ins
-from instrument.manifest import Manifest, read_manifests
-from instrument.plan import StageSpec
-from instrument.recorders.nsys import (
+from instrument.integrations.nsys import (
     capture_ranges_for,
     nsys_command,
     nsys_options,
     nsys_runtime_env,
     relocate_nsys_reports,
 )
+from instrument.manifest import Manifest, read_manifests
+from instrument.plan import StageSpec
 
 
 def test_command_line_and_runtime_env_share_the_options(tmp_path: Path) -> None:

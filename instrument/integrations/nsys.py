@@ -1,5 +1,8 @@
 """Nsight Systems around instrument's capture ranges: options, command line, Ray runtime_env, reports.
 
+Launch-side helpers, not a recorder: the ``nvtx`` recorder opens the capture ranges in the
+process, these build the ``nsys profile`` around it and bring its reports home.
+
 ``nsys profile --capture-range=cudaProfilerApi`` records only between ``cudaProfilerStart`` and
 ``cudaProfilerStop``, which the NVTX backend calls around what is profiled. nsys finalises a
 report only when its capture range ends (``--capture-range-end``) or the process exits, so the
