@@ -4,9 +4,11 @@ Ranks are global ranks of the job.  A rollout replica spans
 ``gpus_per_replica`` (tp x pp x dp) consecutive global ranks: global rank
 ``g`` is local rank ``g % gpus_per_replica`` of replica ``g // gpus_per_replica``.
 Engine trace files carry only the local rank.  How each engine names its files is a
-:class:`TraceNames` grammar in one registry (the built-in engines' here, any other engine's
-added by ``instrument.rollout.register_engine``): :func:`engine_trace_local_rank` reads the
-local rank with whichever grammar knows the name, :func:`engine_trace_rank` turns it into a
+:class:`TraceNames` grammar in one registry, filled by ``instrument.rollout``'s engine registry:
+the built-in engines' grammars live in their modules (:data:`instrument.rollout.vllm.TRACES`,
+:data:`instrument.rollout.sglang.TRACES`) and are loaded on the registry's first read; any other
+engine's is added by ``instrument.rollout.register_engine``. :func:`engine_trace_local_rank` reads
+the local rank with whichever grammar knows the name, :func:`engine_trace_rank` turns it into a
 global rank.
 """
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -301,42 +303,36 @@ class TraceNames:
         return None if match is None else int(match[1])
 
 
-# The built-in engines' grammars: the one copy of how vLLM and SGLang name their files. They live
-# here, in a pure module, because engine_trace_local_rank must read them without importing the
-# engines' drivers (instrument.rollout); every other engine brings its own through
-# instrument.rollout.register_engine, which lands in the same registry below.
-
-# vLLM >= 0.17: "[{prefix}_]rank{R}.{ns}.pt.trace.json.gz", or with "dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_" before
-# "rank" once parallel state is up; R counts within one data-parallel rank's tp x pp world.
-_VLLM_DP = r"(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?"
-_VLLM = TraceNames(
-    engine="vllm",
-    workers=(
-        rf"(?:^|_){_VLLM_DP}rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$",
-        # text summaries beside the traces: "{worker name}.profiler_out.txt" (0.32+), "profiler_out_{R}.txt" before
-        rf"(?:^|_){_VLLM_DP}rank(?P<rank>\d+)\.(?:profiler_out\.)?txt$",
-        r"^profiler_out_(?P<rank>\d+)\.(?:profiler_out\.)?txt$",
-        r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$",  # vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
-    ),
-    # the API server: "[{prefix}_]{host}_{pid}.async_llm.{ns}.pt.trace.json.gz"
-    frontend=r"(?:_(?P<pid>\d+))?\.async_llm\.",
-    prefix_joint="_",
-)
-# SGLang: "[{prefix}-]{profile_id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}][-memory][-{stage}]" + ".trace.json.gz" or
-# ".pickle" (memory snapshots). Stage suffixes: "-EXTEND" / "-DECODE" (0.5.3+), "-prefill" / "-decode"
-# (SGLANG_PROFILE_V2), str(ForwardMode) before (0.4.7-0.5.2: "-1" / "-2" on Python >= 3.11,
-# "-ForwardMode.EXTEND" before); activities ("-CPU"); ROCm: "rpd-{time}-TP-{t}.trace.json.gz".
-# EP ranks live on the TP ranks' GPUs. With -DP- or -PP- the GPU depends on the engine's mode and
-# sizes (DP attention numbers TP ranks across DP ranks, plain DP does not): recognised, rank unknown.
-_SGLANG_TAIL = r"(?:-EP-\d+)?(?:-memory)?(?:-(?:ForwardMode\.)?[A-Za-z]+|-\d+)?\.(?:trace\.json(?:\.gz)?|pickle)$"
-_SGLANG = TraceNames(
-    engine="sglang",
-    workers=(rf"-TP-(?P<rank>\d+){_SGLANG_TAIL}", rf"-TP-\d+(?:-DP-\d+)?(?:-PP-\d+)?{_SGLANG_TAIL}"),
-    prefix_joint="-",
-)
+# The built-in engines' grammars live in their engine modules (instrument.rollout.vllm, .sglang) and
+# reach this registry when instrument.rollout resolves those engines. This module imports only the
+# standard library, so it cannot import them itself: the package hands it a loader
+# (_set_engine_loader, in instrument/__init__.py), called once before the registry is first read.
+_load_engines: Callable[[], object] | None = None
+_engines_loaded = False
+_loading = threading.local()  # the loader registers through this module: its own reads must not load again
 
 _REGISTRY_LOCK = threading.Lock()
-_REGISTERED: tuple[TraceNames, ...] = (_VLLM, _SGLANG)  # replaced whole, so readers never lock
+_REGISTERED: tuple[TraceNames, ...] = ()  # replaced whole, so readers never lock
+
+
+def _set_engine_loader(load: Callable[[], object]) -> None:
+    """Have the registry call ``load()`` once, before it is first read (it registers the built-in engines)."""
+    global _load_engines, _engines_loaded
+    _load_engines, _engines_loaded = load, False
+
+
+def _with_engines() -> tuple[TraceNames, ...]:
+    """The registry, once the built-in engines are in it (the loader runs unlocked: it takes the engines' lock)."""
+    global _engines_loaded
+    load = _load_engines
+    if not _engines_loaded and load is not None and not getattr(_loading, "active", False):
+        _loading.active = True
+        try:
+            load()
+        finally:
+            _loading.active = False
+        _engines_loaded = True
+    return _REGISTERED
 
 
 def register_trace_names(names: TraceNames) -> TraceNames:
@@ -348,6 +344,7 @@ def register_trace_names(names: TraceNames) -> TraceNames:
     global _REGISTERED
     if not isinstance(names, TraceNames):
         raise TypeError(f"'names' must be a TraceNames: {type(names).__name__}")
+    _with_engines()  # the built-ins first, and a clash with one of their names is seen
     with _REGISTRY_LOCK:
         for known in _REGISTERED:
             if known.engine == names.engine:
@@ -361,26 +358,28 @@ def register_trace_names(names: TraceNames) -> TraceNames:
 def unregister_trace_names(engine: str) -> None:
     """Forget the grammar of ``engine`` (nothing if there is none)."""
     global _REGISTERED
+    _with_engines()  # else a built-in forgotten now would come back at the first read
     with _REGISTRY_LOCK:
         _REGISTERED = tuple(names for names in _REGISTERED if names.engine != engine)
 
 
 def registered_trace_names() -> tuple[TraceNames, ...]:
     """Every registered engine's grammar, in the order they are tried."""
-    return _REGISTERED
+    return _with_engines()
 
 
 def trace_names(engine: str) -> TraceNames:
     """The registered grammar of ``engine``; ``ValueError`` naming the registered ones otherwise."""
-    for names in _REGISTERED:
+    registered = _with_engines()
+    for names in registered:
         if names.engine == engine:
             return names
-    raise ValueError(f"no engine named {engine!r}; registered: {', '.join(n.engine for n in _REGISTERED)}")
+    raise ValueError(f"no engine named {engine!r}; registered: {', '.join(n.engine for n in registered)}")
 
 
 def parse_engine_trace_name(filename: str) -> EngineTraceName | None:
     """What ``filename`` tells, read by the first registered engine whose grammar knows it; else ``None``."""
-    for names in _REGISTERED:
+    for names in _with_engines():
         parsed = names.parse(filename)
         if parsed is not None:
             return parsed

@@ -69,9 +69,20 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TRACES = ranks.trace_names("sglang")
+# SGLang: "[{prefix}-]{profile_id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}][-memory][-{stage}]" + ".trace.json.gz" or
+# ".pickle" (memory snapshots). Stage suffixes: "-EXTEND" / "-DECODE" (0.5.3+), "-prefill" / "-decode"
+# (SGLANG_PROFILE_V2), str(ForwardMode) before (0.4.7-0.5.2: "-1" / "-2" on Python >= 3.11,
+# "-ForwardMode.EXTEND" before); activities ("-CPU"); ROCm: "rpd-{time}-TP-{t}.trace.json.gz".
+# EP ranks live on the TP ranks' GPUs. With -DP- or -PP- the GPU depends on the engine's mode and
+# sizes (DP attention numbers TP ranks across DP ranks, plain DP does not): recognised, rank unknown.
+_SGLANG_TAIL = r"(?:-EP-\d+)?(?:-memory)?(?:-(?:ForwardMode\.)?[A-Za-z]+|-\d+)?\.(?:trace\.json(?:\.gz)?|pickle)$"
+TRACES = ranks.TraceNames(
+    engine="sglang",
+    workers=(rf"-TP-(?P<rank>\d+){_SGLANG_TAIL}", rf"-TP-\d+(?:-DP-\d+)?(?:-PP-\d+)?{_SGLANG_TAIL}"),
+    prefix_joint="-",
+)
 """How SGLang names its trace files (``[{prefix}-]{id}-TP-{t}[-DP-{d}][-PP-{p}][-EP-{e}]…`` and memory
-snapshots): the grammar :mod:`instrument.ranks` holds for the built-in engines."""
+snapshots): the one copy of it, registered in :mod:`instrument.ranks` with :data:`PROFILE`."""
 
 SGLANG_TRACES = TRACES
 """The former name of :data:`TRACES`."""

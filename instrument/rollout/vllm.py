@@ -70,9 +70,24 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TRACES = ranks.trace_names("vllm")
+# vLLM >= 0.17: "[{prefix}_]rank{R}.{ns}.pt.trace.json.gz", or with "dp{d}_pp{p}_tp{t}_dcp{c}_ep{e}_" before
+# "rank" once parallel state is up; R counts within one data-parallel rank's tp x pp world.
+_VLLM_DP = r"(?:dp(?P<dp>\d+)_pp\d+_tp\d+_dcp\d+_ep\d+_)?"
+TRACES = ranks.TraceNames(
+    engine="vllm",
+    workers=(
+        rf"(?:^|_){_VLLM_DP}rank(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$",
+        # text summaries beside the traces: "{worker name}.profiler_out.txt" (0.32+), "profiler_out_{R}.txt" before
+        rf"(?:^|_){_VLLM_DP}rank(?P<rank>\d+)\.(?:profiler_out\.)?txt$",
+        r"^profiler_out_(?P<rank>\d+)\.(?:profiler_out\.)?txt$",
+        r"-rank-(?P<rank>\d+)\.\d+\.pt\.trace\.json(?:\.gz)?$",  # vLLM < 0.17: "{id}-rank-{R}.{ns}.pt.trace.json.gz"
+    ),
+    # the API server: "[{prefix}_]{host}_{pid}.async_llm.{ns}.pt.trace.json.gz"
+    frontend=r"(?:_(?P<pid>\d+))?\.async_llm\.",
+    prefix_joint="_",
+)
 """How vLLM names its trace files (workers ``[{prefix}_]rank{R}.{ns}.pt.trace.json.gz`` and older forms,
-frontends ``….async_llm.…``): the grammar :mod:`instrument.ranks` holds for the built-in engines."""
+frontends ``….async_llm.…``): the one copy of it, registered in :mod:`instrument.ranks` with :data:`PROFILE`."""
 
 PROFILER_CONFIG_SINCE = (0, 13)
 """First vLLM release with ``--profiler-config``."""
