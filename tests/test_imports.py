@@ -147,3 +147,104 @@ def test_the_cycle_check_finds_a_planted_cycle(tmp_path: Path) -> None:
     (planted / "a.py").write_text("def f():\n    from instrument.sub import b\n")  # a function-level import
     (planted / "sub" / "b.py").write_text("from instrument import a\n")
     assert _cycles(_module_imports(planted)) == [["instrument.a", "instrument.sub.b"]]
+
+
+# --------------------------------------------------------------------------- the analyze package's layers
+
+ANALYZE_LAYERS = {"model": 0, "traces": 1, "analyzers": 2, "render": 3}
+"""model <- traces <- analyzers <- render: each imports only its own layer and those below; the package's root
+(the entry points: analyze, compare, the command lines, the layout export) may import any of them."""
+ROOT_LAYER = 4
+
+
+def _analyze_layer(module: str) -> int | None:
+    """The layer of an ``instrument.analyze`` module; ``None`` outside the package."""
+    parts = module.split(".")
+    if parts[:2] != ["instrument", "analyze"]:
+        return None
+    return ANALYZE_LAYERS.get(parts[2], ROOT_LAYER) if len(parts) > 2 else ROOT_LAYER
+
+
+def _layer_violations(edges: dict[str, set[str]]) -> list[str]:
+    """Every import of an analyze module by one below it, and of anything but the model by a renderer."""
+    wrong = []
+    for source, targets in sorted(edges.items()):
+        low = _analyze_layer(source)
+        if low is None:
+            continue
+        for target in sorted(targets):
+            high = _analyze_layer(target)
+            if high is None:
+                continue
+            if high > low or (low == ANALYZE_LAYERS["render"] and high not in (0, low)):
+                wrong.append(f"{source} imports {target}")
+    return wrong
+
+
+def test_analyze_layers_import_only_downwards() -> None:
+    assert _layer_violations(_module_imports(PACKAGE)) == []
+
+
+def test_the_layer_check_finds_planted_violations(tmp_path: Path) -> None:
+    planted = tmp_path / "instrument"
+    for folder in ("analyze/model", "analyze/traces", "analyze/analyzers", "analyze/render"):
+        (planted / folder).mkdir(parents=True)
+        (planted / folder / "__init__.py").write_text("")
+    (planted / "__init__.py").write_text("")
+    (planted / "analyze" / "__init__.py").write_text("")
+    (planted / "analyze" / "model" / "_report.py").write_text(
+        "def f():\n    from instrument.analyze.traces import _reader\n"
+    )
+    (planted / "analyze" / "traces" / "_reader.py").write_text("from instrument.analyze.model import _report\n")
+    (planted / "analyze" / "analyzers" / "_stats.py").write_text("from instrument.analyze.render import _text\n")
+    (planted / "analyze" / "render" / "_text.py").write_text("from instrument.analyze.traces import _reader\n")
+    (planted / "analyze" / "_cli.py").write_text("from instrument.analyze.render import _text\n")  # the root: allowed
+    assert _layer_violations(_module_imports(planted)) == [
+        "instrument.analyze.analyzers._stats imports instrument.analyze.render._text",
+        "instrument.analyze.model._report imports instrument.analyze.traces._reader",
+        "instrument.analyze.render._text imports instrument.analyze.traces._reader",
+    ]
+
+
+# --------------------------------------------------------------------------- what the tests import
+
+TESTS = Path(__file__).resolve().parent
+
+
+def _private_imports_with_a_public_name(paths: list[Path]) -> list[str]:
+    """``from instrument.x._y import name`` where a public package above ``_y`` exports the same object."""
+    found = []
+    for path in paths:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not (node.module or "").startswith("instrument"):
+                continue
+            parts = (node.module or "").split(".")
+            first_private = next((i for i, part in enumerate(parts) if part.startswith("_")), None)
+            if first_private is None:
+                continue
+            module = importlib.import_module(node.module or "")
+            public = [".".join(parts[:i]) for i in range(first_private, 0, -1)]
+            for alias in node.names:
+                held = getattr(module, alias.name, None)
+                for name in public:
+                    above = importlib.import_module(name)
+                    if alias.name in getattr(above, "__all__", ()) and getattr(above, alias.name) is held:
+                        found.append(f"{path.name}: {node.module}.{alias.name} is {name}.{alias.name}")
+                        break
+    return found
+
+
+def test_tests_import_a_public_name_where_one_exists() -> None:
+    assert _private_imports_with_a_public_name(sorted(TESTS.rglob("*.py"))) == []
+
+
+def test_the_public_name_check_finds_a_planted_private_import(tmp_path: Path) -> None:
+    planted = tmp_path / "test_planted.py"
+    planted.write_text(
+        "from instrument.analyze.model._report import Report, label_key\n"
+        "from instrument.analyze.traces._reader import scan_file\n"  # private, with no public name: allowed
+    )
+    assert _private_imports_with_a_public_name([planted]) == [
+        "test_planted.py: instrument.analyze.model._report.Report is instrument.analyze.model.Report",
+        "test_planted.py: instrument.analyze.model._report.label_key is instrument.analyze.model.label_key",
+    ]
