@@ -2,7 +2,8 @@
 
 Input: each run as a :class:`RunSide` — per (role, stage) the duration of every stage instance (one rank's
 stage in one step) from the step timeline and from the traces, the step times, the timeline's summary, the
-windows and stages nested in each stage — made from an analysis by :func:`side_from_analysis`. Output:
+windows and stages nested in each stage — made from a :class:`~instrument.analyze.Report` by
+:func:`side_from_report`. Output:
 the :mod:`..model` values. Beside it: the test and interval (:mod:`._compare_stats`) and the words
 (:mod:`._compare_words`).
 
@@ -15,9 +16,8 @@ the :mod:`..model` values. Beside it: the test and interval (:mod:`._compare_sta
   timeline (:func:`inner_causes`); medians over the instances, 0 where one did not run.
 - **The timeline's view** (:func:`timeline_comparison`): idle share per role, the critical path per step.
 
-See ``docs/compare.md``. One module of ~620 lines on purpose: the inputs, their making from an analysis, the
-judgement and the causes all work on :class:`RunSide` and its per-instance maps; the rulers mark where it
-would split (inputs, comparing, causes, the timeline's view).
+See ``docs/compare.md``. The inputs, the judgement and the causes all work on :class:`RunSide` and its
+per-instance maps; the rulers mark the parts (inputs, comparing, causes, the timeline's view).
 """
 
 from __future__ import annotations
