@@ -24,11 +24,9 @@ from __future__ import annotations
 import errno
 import gzip
 import os
-import re
-import shutil
 import stat
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,20 +34,15 @@ from typing import Any
 from instrument import naming
 from instrument._safe_files import FolderTree, new_file
 from instrument.analyze.model import Filters, Skipped, TraceFile
-from instrument.analyze.traces import _safe_io
-from instrument.analyze.traces._discover import ALL_RUNS, Run, discover, find_runs, select_run
-from instrument.analyze.traces._reader import TraceError, read_header, with_rank_from_header
-from instrument.analyze.traces._selection import Selection
+from instrument.analyze.traces._discover import Run
+from instrument.analyze.traces._exports import hta_rank, is_gzip, ranked_traces, raw_chunks, text_with_rank
+from instrument.analyze.traces._reader import TraceError
 
 __all__ = ["LAYOUTS", "Export", "Exported", "export_layout"]
 
 LAYOUTS = ("hta", "tensorboard")
 """The layouts :func:`export_layout` writes."""
 
-_HTA_RANK = re.compile(rb'"rank":\s+(\d+)')  # what HTA's rank-to-file map searches for, first match wins
-_TRACE_EVENTS = b'"traceEvents"'
-_HEAD_BYTES = 1 << 20  # the header (distributedInfo …) comes before traceEvents, well within this
-_GZIP_MAGIC = b"\x1f\x8b"
 MAX_OPEN_FOLDERS = 32
 """Folder descriptors the export keeps open at once (:class:`~instrument._safe_files.FolderTree`)."""
 
@@ -115,44 +108,20 @@ def _chosen(
     stages: Iterable[str] | None,
     run: str | Run | None,
 ) -> tuple[list[TraceFile], list[Skipped]]:
-    """The traces to export (one per folder and rank, first by path), and the files left out.
-
-    The run and the filters keep exactly the files the analysis with the same ones reads: a file whose
-    steps or stages lie inside it (a continuous trace, a plain torch trace) stays whatever ``steps`` and
-    ``stages`` say, as the analysis reads it and keeps the steps and stages asked for.
-    """
-    filters = Filters.of(ranks, steps, stages)
-    picked = (
-        run if isinstance(run, Run) else None if run == ALL_RUNS else select_run(find_runs(directory), run, directory)
-    )
-    found, skipped = discover(directory)
-    found = [trace for trace in found if Selection(picked).keeps(trace.path)]  # one run's files never collide
+    """The traces to export (one per folder and rank, first by path: those the analysis with the same run and
+    filters reads), and the files left out."""
+    chosen, skipped = ranked_traces(directory, Filters.of(ranks, steps, stages), run)
     taken: dict[tuple[str, str], str] = {}
-    chosen: list[TraceFile] = []
-    for trace in found:
-        if trace.rank is None and trace.source == "trace":
-            try:
-                completed = with_rank_from_header(trace, read_header(trace.path))
-            except TraceError as exc:
-                skipped.append(Skipped(trace.path, str(exc)))
-                continue
-            if completed is None:
-                skipped.append(Skipped(trace.path, "no rank: neither a manifest, the file name nor distributedInfo"))
-                continue
-            trace = completed  # noqa: PLW2901
-        elif trace.rank is None and trace.replica is None:
-            skipped.append(Skipped(trace.path, "no rank: relocated as rank-unknown"))
-            continue
-        if not filters.keeps(trace):
-            continue
+    unique: list[TraceFile] = []
+    for trace in chosen:
         who = f"rank{trace.rank}" if trace.rank is not None else f"replica{trace.replica}"
         slot = (folder_of(trace), who)
         if slot in taken:
             skipped.append(Skipped(trace.path, f"duplicate: {slot[0]} already has {who} from {taken[slot]}"))
             continue
         taken[slot] = trace.path
-        chosen.append(trace)
-    return chosen, skipped
+        unique.append(trace)
+    return unique, skipped
 
 
 # --------------------------------------------------------------------------- OUT
@@ -194,48 +163,13 @@ def _prepare_out(directory: str | os.PathLike[str], out: str | os.PathLike[str])
 # --------------------------------------------------------------------------- placing one file
 
 
-def _is_gzip(path: str) -> bool:
-    with _safe_io.open_regular(path) as raw:
-        return raw.read(2) == _GZIP_MAGIC
-
-
-def _hta_head(path: str) -> tuple[bytes, int | None]:
-    """The decoded text up to ``traceEvents`` (at most 1 MiB) and the first ``"rank": N`` HTA would read there."""
-    with _safe_io.open_json(path) as stream:
-        head = stream.read(_HEAD_BYTES)
-    end = head.find(_TRACE_EVENTS)
-    region = head if end < 0 else head[:end]
-    match = _HTA_RANK.search(region)
-    return region, None if match is None else int(match[1])
-
-
-def _with_rank(region: bytes, rank: int) -> bytes:
-    """``region`` (a trace's text before ``traceEvents``) with the first rank HTA reads set to ``rank``."""
-    match = _HTA_RANK.search(region)
-    if match is not None:
-        return region[: match.start(1)] + str(rank).encode() + region[match.end(1) :]
-    brace = region.find(b"{")
-    if brace < 0 or region[:brace].strip():
-        # the array form has no header to hold distributedInfo
-        raise TraceError("no rank HTA can read: a trace in the array form has no distributedInfo")
-    # A line of its own ahead of everything: HTA reads the first match line by line
-    line = b'\n"distributedInfo": {"rank": %d},\n' % rank
-    return region[: brace + 1] + line + region[brace + 1 :]
-
-
-def _rewrite(source: str, name: str, folder: int, rank: int) -> None:
-    """A copy of ``source`` whose first rank (as HTA reads it) is ``rank``; gzip kept when the source had it."""
-    packed = _is_gzip(source)
-    with _safe_io.open_json(source) as stream, new_file(name, mode=0o644, dir_fd=folder) as raw:
-        head = stream.read(_HEAD_BYTES)
-        end = head.find(_TRACE_EVENTS)
-        cut = len(head) if end < 0 else end
+def _write(chunks: Iterator[bytes], name: str, folder: int, *, packed: bool) -> None:
+    """``chunks`` into the new file ``name`` of ``folder``, gzip-compressed when ``packed``."""
+    with new_file(name, mode=0o644, dir_fd=folder) as raw:
         sink = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1) if packed else None
         write = raw.write if sink is None else sink.write
         try:
-            write(_with_rank(head[:cut], rank))
-            write(head[cut:])
-            while chunk := stream.read(1 << 20):
+            for chunk in chunks:
                 write(chunk)
         finally:
             if sink is not None:
@@ -243,8 +177,12 @@ def _rewrite(source: str, name: str, folder: int, rank: int) -> None:
 
 
 def _copy(source: str, name: str, folder: int) -> None:
-    with _safe_io.open_regular(source) as src, new_file(name, mode=0o644, dir_fd=folder) as dst:
-        shutil.copyfileobj(src, dst, 1 << 20)
+    _write(raw_chunks(source), name, folder, packed=False)
+
+
+def _rewrite(source: str, name: str, folder: int, rank: int) -> None:
+    """A copy of ``source`` whose first rank (as HTA reads it) is ``rank``; gzip kept when the source had it."""
+    _write(text_with_rank(source, rank), name, folder, packed=is_gzip(source))
 
 
 def _place(source: str, name: str, folder: int) -> str:
@@ -258,7 +196,7 @@ def _place(source: str, name: str, folder: int) -> str:
         # The source may have been swapped for a FIFO or device since it was checked: refuse that
         if not stat.S_ISREG(os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode):
             os.unlink(name, dir_fd=folder)
-            raise _safe_io.NotRegularFileError("not a regular file (swapped after it was listed)")
+            raise TraceError("not a regular file (swapped after it was listed)")
         return "link"
     try:
         os.symlink(os.path.realpath(source), name, dir_fd=folder)
@@ -285,14 +223,12 @@ def file_name(layout: str, trace: TraceFile, gz: bool) -> str:
 
 def _export_one(layout: str, trace: TraceFile, tree: FolderTree) -> Exported:
     relative = folder_of(trace)
-    name = file_name(layout, trace, _is_gzip(trace.path))
+    name = file_name(layout, trace, is_gzip(trace.path))
     folder = tree.folder(relative)
     how = ""
-    if layout == "hta":
-        _, seen = _hta_head(trace.path)
-        if seen != trace.rank and trace.rank is not None:  # frontends (no rank) never reach here
-            _rewrite(trace.path, name, folder, trace.rank)
-            how = "rewritten"
+    if layout == "hta" and trace.rank is not None and hta_rank(trace.path) != trace.rank:  # frontends never reach here
+        _rewrite(trace.path, name, folder, trace.rank)
+        how = "rewritten"
     if not how:
         how = _place(trace.path, name, folder)
     return Exported(trace.path, f"{relative}/{name}", how)

@@ -29,6 +29,7 @@ from instrument import cli
 from instrument._safe_files import FolderTree
 from instrument.analyze import TraceFile
 from instrument.analyze import _layout as layout
+from instrument.analyze.traces._reader import TraceError
 
 WORLD = 3
 STEPS = 2
@@ -524,7 +525,7 @@ def test_a_trace_swapped_for_a_fifo_is_not_linked_into_out(tmp_path: Path) -> No
     out.mkdir()
     folder = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with pytest.raises(layout._safe_io.NotRegularFileError):
+        with pytest.raises(TraceError, match="not a regular file"):
             layout._place(str(fifo), "rank-0.json.gz", folder)
     finally:
         os.close(folder)
