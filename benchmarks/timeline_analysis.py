@@ -8,8 +8,8 @@ directory, then, in a fresh process for each size (so that peaks do not mix), ti
 (:func:`find_timelines`), :func:`align`, :func:`analyze_timeline`. Side by side, in the same process, the floor:
 the time to merely read the files' bytes (``x floor``: the real path's time over it), and, after, the time to make
 every span a :class:`Span` once (``Spans s``: what reading them as objects cost at the least). Sizes: 1/4, 1/2 and
-all of ``--ranks``, so that linear growth shows; the budget is 60 s and 500 MB peak RSS at 4,096 ranks (``t/60s``,
-``MB/500``; ``cpu s``: the CPU time, which other work on a busy machine does not inflate; ``base MB``: the process
+all of ``--ranks``, so that linear growth shows; the budget is 15 s and 400 MB peak RSS at 4,096 ranks (``t/15s``,
+``MB/400``; ``cpu s``: the CPU time, which other work on a busy machine does not inflate; ``base MB``: the process
 before it reads anything). Prints, asserts nothing. Run:
 ``.venv/bin/python benchmarks/timeline_analysis.py [--ranks 4096] [--steps 100] [--stages 10]``
 (``--path analyze``: through :func:`instrument.analyze.analyze`, as ``instrument analyze`` runs it).
@@ -34,8 +34,8 @@ from instrument.timeline import SPAN_BYTES, encode_clock, encode_header, encode_
 
 MS = 1_000_000
 TARGET_RANKS = 4_096
-BUDGET_S = 60.0
-BUDGET_MB = 500.0
+BUDGET_S = 15.0
+BUDGET_MB = 400.0
 RANKS_PER_HOST = 8
 
 
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> None:
         f"{'ranks':>6} {'spans':>10} {'MB on disk':>10} {'floor s':>8} {'read s':>7} {'align s':>7} "
         f"{'analyze s':>9} {'total s':>8} {'x floor':>8} {'Spans s':>7} {'cpu s':>6} {'cpu µs/span':>11} "
         f"{'peak MB':>8} {'base MB':>7} "
-        f"{'KB/1k spans':>11} {'t/60s':>6} {'MB/500':>6}"
+        f"{'KB/1k spans':>11} {'t/15s':>6} {'MB/400':>6}"
     )
     print(header)
     rows = []

@@ -9,6 +9,8 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass
+from itertools import repeat
+from operator import truediv
 from typing import TYPE_CHECKING, Any, overload
 
 from instrument.analyze.model import _json
@@ -120,7 +122,7 @@ class RankTimeline:
         waits = self._waits
         if isinstance(waits, tuple):
             return ((w.role, w.stage, w.rank, w.ms) for w in waits)
-        return ((role, stage, rank, ns / _NS_PER_MS) for role, stage, rank, ns in waits.waits(self._lane))
+        return waits.waits_ms(self._lane)
 
     def _values(self) -> tuple[int, str, float, float, tuple[TimeShare, ...]]:
         return (self.rank, self.role, self.busy_ms, self.idle_ms, self.waited_for)
@@ -183,6 +185,7 @@ class RankTable(Sequence["RankTimeline"]):
 
     __slots__ = (
         "_causes",
+        "_named",
         "_roles",
         "at",
         "busy_ns",
@@ -196,19 +199,21 @@ class RankTable(Sequence["RankTimeline"]):
         "wait_rank",
     )
 
-    def __init__(self) -> None:
+    def __init__(self, causes: Sequence[tuple[str | None, str]] = ()) -> None:
+        """``causes``: the (role, stage) table that :meth:`add_numbered`'s cause numbers index (not copied)."""
         self.roles: list[str] = []
         self.role = array("H")
         self.rank = array("q")
         self.busy_ns = array("q")
         self.idle_ns = array("q")
-        self.causes: list[tuple[str | None, str]] = []
+        self.causes: Sequence[tuple[str | None, str]] = causes
         self.cause = array("I")
         self.wait_rank = array("q")
         self.wait_ns = array("q")
         self.at = array("I", [0])
         self._roles: dict[str, int] = {}
-        self._causes: dict[tuple[str | None, str], int] = {}
+        self._causes: dict[tuple[str | None, str], int] | None = None if causes else {}
+        self._named: tuple[list[str | None], list[str], frozenset[int]] | None = None  # made as first read
 
     def add(self, rank: int, role: str, busy_ns: int, idle_ns: int, waits: list[WaitRow]) -> None:
         """Append one lane: its busy and idle time and its waits (in order)."""
@@ -220,11 +225,37 @@ class RankTable(Sequence["RankTimeline"]):
         self.busy_ns.append(busy_ns)
         self.idle_ns.append(idle_ns)
         causes = self._causes
+        if causes is None:  # numbered by a table given at the start: grown from it
+            self._causes = causes = {cause: i for i, cause in reversed(list(enumerate(self.causes)))}
         self.cause.extend([causes.setdefault((r, stage), len(causes)) for r, stage, _, _ in waits])
         if len(causes) != len(self.causes):
             self.causes = list(causes)
         self.wait_rank.extend([-1 if k is None else k for _, _, k, _ in waits])
         self.wait_ns.extend([ns for _, _, _, ns in waits])
+        self.at.append(len(self.wait_ns))
+
+    def add_numbered(
+        self,
+        rank: int,
+        role: str,
+        busy_ns: int,
+        idle_ns: int,
+        causes: Sequence[int],
+        ranks: Sequence[int],
+        ns: Sequence[int],
+    ) -> None:
+        """Append one lane whose waits are columns already: ``causes`` numbers into :attr:`causes` (the table
+        given at the start), ``ranks`` (-1 where unattributed) and ``ns``, in order."""
+        roles = self._roles
+        self.role.append(roles.setdefault(role, len(roles)))
+        if len(roles) != len(self.roles):
+            self.roles = list(roles)
+        self.rank.append(rank)
+        self.busy_ns.append(busy_ns)
+        self.idle_ns.append(idle_ns)
+        self.cause.extend(causes)
+        self.wait_rank.extend(ranks)
+        self.wait_ns.extend(ns)
         self.at.append(len(self.wait_ns))
 
     def waits(self, lane: int) -> Iterator[WaitRow]:
@@ -233,6 +264,28 @@ class RankTable(Sequence["RankTimeline"]):
         for j in range(self.at[lane], self.at[lane + 1]):
             role, stage = causes[cause[j]]
             yield role, stage, None if role is None else rank[j], ns[j]
+
+    def waits_ms(self, lane: int) -> Iterator[tuple[str | None, str, int | None, float]]:
+        """Lane ``lane``'s waits as (role, stage, rank, ms), as :meth:`waits` gives them: zipped from the columns,
+        no Python loop a wait (the stragglers' finding reads millions of them)."""
+        named = self._named
+        if named is None or len(named[0]) != len(self.causes):
+            roles = [role for role, _ in self.causes]
+            stages = [stage for _, stage in self.causes]
+            self._named = named = (roles, stages, frozenset(i for i, role in enumerate(roles) if role is None))
+        roles, stages, unattributed = named
+        first, past = self.at[lane], self.at[lane + 1]
+        ids = self.cause[first:past]
+        ms = map(truediv, self.wait_ns[first:past], repeat(_NS_PER_MS))
+        wait_ranks: Sequence[int | None] = self.wait_rank[first:past]
+        if not unattributed.isdisjoint(ids):  # no rank where no cause
+            wait_ranks = list(wait_ranks)
+            for cause in unattributed.intersection(ids):
+                at = -1
+                for _ in range(ids.count(cause)):
+                    at = ids.index(cause, at + 1)
+                    wait_ranks[at] = None
+        return zip(map(roles.__getitem__, ids), map(stages.__getitem__, ids), wait_ranks, ms, strict=True)
 
     def __len__(self) -> int:
         return len(self.rank)
