@@ -20,7 +20,7 @@ from __future__ import annotations
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from itertools import chain, compress, groupby, islice, repeat
 from operator import add, floordiv, itemgetter, lt, mod, mul, neg, sub
 
@@ -141,7 +141,8 @@ class StepSpans:
         columns, shift = table.parts[part]
         kinds, roles = names.kinds[part], names.roles[part]
         name, duration = columns.name[lo:hi], columns.duration_ns[lo:hi]
-        if min(duration) < 0:  # bad spans: found one by one
+        least = min(duration)
+        if least < 0:  # bad spans: found one by one
             drop = [i for i, (n, d) in enumerate(zip(name, duration, strict=True)) if d < 0 or kinds[n] != _STAGE]
         else:
             drop = []
@@ -155,15 +156,15 @@ class StepSpans:
             drop.sort()
         written = columns.start_ns[lo:hi]
         starts = list(map(sub, written, repeat(shift))) if shift else list(written)
-        durations, threads, entries = list(duration), list(columns.thread[lo:hi]), list(name)
+        ends = list(map(add, starts, duration))
+        threads, kids = list(columns.thread[lo:hi]), list(map(names.kids[part].__getitem__, name))
         rank = columns.rank
         for at in drop:
-            n = entries[at]
-            if durations[at] < 0 or kinds[n] == _OTHER:
+            n = name[at]
+            if duration[at] < 0 or kinds[n] == _OTHER:
                 self.skipped += 1
             elif kinds[n] == _STEP:
-                start = starts[at]
-                end = start + durations[at]
+                start, end = starts[at], ends[at]
                 key = (roles[n], rank)
                 window = self.windows.get(key)
                 if window is None:
@@ -171,30 +172,38 @@ class StepSpans:
                 else:  # the same process twice in one step (a retried step): its whole extent
                     window[0], window[1] = min(window[0], start), max(window[1], end)
         for at in reversed(drop):
-            del entries[at], starts[at], durations[at], threads[at]
-        if not entries:
+            del kids[at], starts[at], ends[at], threads[at]
+        if not kids:
             return
-        ends = list(map(add, starts, durations))
-        kids = list(map(names.kids[part].__getitem__, entries))
+        keys = names.keys
         role = names.stage_role[part]
         if role is None:
-            stage_roles = {roles[n] for n in set(entries)}
+            stage_roles = {keys[kid][0] for kid in set(kids)}
             if len(stage_roles) == 1:
                 role = stage_roles.pop()
         if role is not None:
-            ordered = min(durations) > 0 and all(map(lt, ends, islice(starts, 1, None)))
+            ordered = least > 0 or min(map(sub, ends, starts)) > 0
+            ordered = ordered and all(map(lt, ends, islice(starts, 1, None)))
             self.chunks.append((role, rank, starts, ends, threads, kids, ordered))
             return
-        by_role: dict[str, _Chunk] = {}  # a process naming stages after several roles
-        for n, start, end, thread, kid in zip(entries, starts, ends, threads, kids, strict=True):
-            chunk = by_role.get(roles[n])
-            if chunk is None:
-                by_role[roles[n]] = chunk = (roles[n], rank, [], [], [], [], False)
-            chunk[2].append(start)
-            chunk[3].append(end)
-            chunk[4].append(thread)
-            chunk[5].append(kid)
-        self.chunks.extend(by_role.values())
+        self.chunks.extend(_by_role(keys, rank, starts, ends, threads, kids))
+
+
+def _by_role(
+    keys: list[tuple[str, str]], rank: int, starts: list[int], ends: list[int], threads: list[int], kids: list[int]
+) -> Iterable[_Chunk]:
+    """The stage spans of a process naming stages after several roles, a chunk per role."""
+    by_role: dict[str, _Chunk] = {}
+    for start, end, thread, kid in zip(starts, ends, threads, kids, strict=True):
+        stage_role = keys[kid][0]
+        chunk = by_role.get(stage_role)
+        if chunk is None:
+            by_role[stage_role] = chunk = (stage_role, rank, [], [], [], [], False)
+        chunk[2].append(start)
+        chunk[3].append(end)
+        chunk[4].append(thread)
+        chunk[5].append(kid)
+    return by_role.values()
 
 
 # --------------------------------------------------------------------------- a lane
@@ -271,9 +280,8 @@ def _index_ordered(
     """A lane's index from its stages as columns, sorted by start, none empty, each ending before the next
     starts (what :func:`_index_general` gives for them, with no loop per stage in Python)."""
     durations = list(map(sub, b_s, starts))
-    if len(set(kids)) == len(kids):
-        by_stage = dict(zip(kids, durations, strict=True))
-    else:
+    by_stage = dict(zip(kids, durations, strict=True))
+    if len(by_stage) != len(kids):  # a stage called more than once: the sum of its calls
         by_stage = {}
         for kid, ns in zip(kids, durations, strict=True):
             by_stage[kid] = by_stage.get(kid, 0) + ns
@@ -476,33 +484,42 @@ class Step:
 
         The gaps inside and at the head of its step are :meth:`_waited_for`'s rule, inlined."""
         li, unc, tol = lane.index, self.uncertainty, self.tolerance
-        others = self.others.get(lane.role)
-        if others is None:
-            others = [(self.ends_by_role[r], entries) for r, entries in self.by_role.items() if r != lane.role]
-            self.others[lane.role] = others
+        starts, ends = lane.block_starts, lane.block_ends
+        others = self._others(lane.role, starts[-1] + unc if starts else _FAR)
         count = len(self.lanes)
         unattributed = len(self.keys) * count  # the cause number of no cause, on lane 0
         own = self.by_role.get(lane.role)
-        own_ends = self.ends_by_role.get(lane.role)
+        own_ends = self.ends_by_role.get(lane.role, [])
         waited: dict[int, int] = {}
-        starts, ends = lane.block_starts, lane.block_ends
         head = ((lane.start, starts[0]),) if starts and starts[0] > lane.start else ()
+        one = others[0] if len(others) == 1 else None  # two roles: one index to look in first, no comparing
+        slack = unc + tol
         for a, b in chain(head, zip(ends, islice(starts, 1, None), strict=False)):
-            low = b - unc - tol
+            low = b - slack
             if a - unc > low:  # noqa: PLR1730  # no call: once a gap, millions of times
                 low = a - unc
             high = b + unc
             best = None
-            for role_ends, entries in others:
+            if one is not None:  # another role's lane is never this one: only the start is checked
+                role_ends, entries = one
                 i = bisect_right(role_ends, high) - 1
                 while i >= 0 and role_ends[i] >= low:
                     entry = entries[i]
-                    if entry[5] != li and entry[4] < b:
-                        if best is None or entry > best:
-                            best = entry
+                    if entry[4] < b:
+                        best = entry
                         break
                     i -= 1
-            if best is None and own_ends is not None and own is not None:
+            else:
+                for role_ends, entries in others:
+                    i = bisect_right(role_ends, high) - 1
+                    while i >= 0 and role_ends[i] >= low:
+                        entry = entries[i]
+                        if entry[4] < b:
+                            if best is None or entry > best:
+                                best = entry
+                            break
+                        i -= 1
+            if best is None and own is not None:
                 i = bisect_right(own_ends, high) - 1
                 while i >= 0 and own_ends[i] >= low:
                     entry = own[i]
@@ -517,6 +534,21 @@ class Step:
             cause = self._waited_for(lane, previous, lane.end, at_end=True)
             code = unattributed if cause is None else cause[6]
             waited[code] = waited.get(code, 0) + lane.end - previous
+        return self._rows(waited, count, unattributed)
+
+    def _others(self, role: str, latest: int) -> list[tuple[list[int], list[_Ended]]]:
+        """The index (ends, entries) of every role but ``role``; none when no stage of theirs ended by ``latest``
+        (a lane's last resume, plus the uncertainty: none of them was waited for)."""
+        others = self.others.get(role)
+        if others is None:
+            others = [(self.ends_by_role[r], entries) for r, entries in self.by_role.items() if r != role]
+            self.others[role] = others
+        if all(not role_ends or role_ends[0] > latest for role_ends, _ in others):
+            return []
+        return others
+
+    def _rows(self, waited: dict[int, int], count: int, unattributed: int) -> list[tuple[int, int, int, int, int]]:
+        """A lane's waits (cause code -> ns) as :meth:`_waits` gives them, sorted."""
         codes, ns = list(waited), list(waited.values())
         kids = list(map(floordiv, codes, repeat(count)))
         ranks = list(map(self.lane_ranks.__getitem__, map(mod, codes, repeat(count))))
