@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from instrument.analyze.model import IntRanges
 from instrument.analyze.traces._selection import _without
 from instrument.cli import main
-from tests.analyze.test_runs import real_run
+from tests.analyze.traces.test_runs import real_run
 
 pytest.importorskip("torch")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from instrument.cli import main
-from tests.analyze.test_compare import SLOW, timeline_run, trace_run
+from tests.analyze.analyzers.test_compare import SLOW, timeline_run, trace_run
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:

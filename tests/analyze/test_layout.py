@@ -201,7 +201,7 @@ def test_tensorboard_distributed_view_on_gloo_traces(tmp_path: Path) -> None:
     """Real gloo ranks under the real profiler, CPU only: the export gets the plugin's distributed view."""
     import torch.multiprocessing as mp
 
-    from tests.analyze.test_steps import _free_port, _profiled_rank
+    from tests.analyze.traces.test_steps import _free_port, _profiled_rank
 
     (tmp_path / "traces").mkdir()
     spawn: Any = mp.spawn  # type: ignore[attr-defined,unused-ignore]

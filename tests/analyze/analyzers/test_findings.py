@@ -19,7 +19,7 @@ from instrument.analyze import (
     unregister_finding,
     write_html,
 )
-from tests.analyze.test_timeline import disaggregated, write_timelines
+from tests.analyze.analyzers.test_timeline import disaggregated, write_timelines
 
 PLANTED = "every step of this run was planted by a test (1,000 ms a step, by its own count)"
 

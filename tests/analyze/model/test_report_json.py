@@ -26,7 +26,7 @@ from instrument.analyze.model import (
     TimelineReport,
     TimeShare,
 )
-from tests.analyze.test_compare import timeline_run, trace_run
+from tests.analyze.analyzers.test_compare import timeline_run, trace_run
 
 PROPERTY = settings(max_examples=60, deadline=None)
 names = st.text("abcdefgh_-", min_size=1, max_size=8)

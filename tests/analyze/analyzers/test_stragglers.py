@@ -21,7 +21,7 @@ from instrument.analyze.render import _tables as tables
 from instrument.analyze.traces._steps import Ranges, blocked
 from tests.analyze.test_analyze import sdk_trace
 
-DATA = Path(__file__).parents[1] / "data" / "hta"
+DATA = Path(__file__).parents[2] / "data" / "hta"
 MS = 1000.0
 WORLD = 4
 SLOW = 2

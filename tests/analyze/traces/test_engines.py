@@ -20,7 +20,7 @@ from instrument.analyze.traces._names import from_name
 from instrument.analyze.traces._reader import scan_file
 from instrument.analyze.traces._steps import EXECUTE, Segment, step_tokens
 
-DATA = Path(__file__).parents[1] / "data" / "vllm"
+DATA = Path(__file__).parents[2] / "data" / "vllm"
 BUSY = DATA / "busy" / "rank0.1796061723530724090.pt.trace.json.gz"
 IDLE = DATA / "idle" / "rank0.1796061723156736983.pt.trace.json.gz"
 DETAILED = DATA / "detailed" / "rank0.1796061809233131303.pt.trace.json.gz"

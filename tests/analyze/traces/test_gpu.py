@@ -22,7 +22,7 @@ from instrument.analyze.traces import _reader as reader
 from instrument.analyze.traces._gpu import GpuAccumulator, GpuRow, is_profiler_step
 from tests.analyze.test_analyze import known_run
 
-DATA = Path(__file__).parents[1] / "data" / "hta"
+DATA = Path(__file__).parents[2] / "data" / "hta"
 FIELDS = (
     "span_us",
     "busy_us",

@@ -3,7 +3,7 @@ line, stages in the order they ran, rollout engines judged by their work, one sp
 and a step's time that counts an engine's and its frontend's windows once.
 
 Traces are built with known durations (:func:`tests.analyze.test_analyze.sdk_trace`, timeline files with
-:func:`tests.analyze.test_compare.write_timeline`) beside real vLLM engine and frontend traces
+:func:`tests.analyze.analyzers.test_compare.write_timeline`) beside real vLLM engine and frontend traces
 (``tests/data/vllm``) and real GPU traces (``tests/data/hta``); no clock is read.
 """
 
@@ -23,14 +23,14 @@ from instrument.analyze.render._text import DROPPED_FIRST, fit, shorten
 from instrument.analyze.render._timeline import step_rows
 from instrument.analyze.render._words import ms
 from instrument.manifest import Manifest
+from tests.analyze.analyzers.test_compare import write_timeline
 from tests.analyze.test_analyze import BASE_US, known_run, sdk_trace
-from tests.analyze.test_compare import write_timeline
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 BUSY = DATA / "vllm" / "busy"
 ENGINE = "rank0.1796061723530724090.pt.trace.json.gz"
 FRONTEND = "vm_26059.async_llm.1796061723451645091.pt.trace.json.gz"
-BUSY_WORK_MS = 126.524  # tests/analyze/test_engines.py: the engine's execution time in its 246.6 ms window
+BUSY_WORK_MS = 126.524  # tests/analyze/traces/test_engines.py: the engine's execution time in its 246.6 ms window
 MS_NS = 1_000_000
 WIDTHS = (80, 100, 160)
 NUMBER = re.compile(r"^[\d,]+(\.\d+)?%?$")

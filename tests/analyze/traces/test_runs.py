@@ -52,7 +52,7 @@ _LAUNCHERS = ("INSTRUMENT_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM
 def real_run(save: Path, steps: str = "1,2", ops: int = 1, **env: str) -> tuple[str, str]:
     """One real run of a fresh process into ``save``: its run id and what it logged on stderr."""
     environ = {k: v for k, v in os.environ.items() if k not in _LAUNCHERS} | env
-    environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[2])
+    environ["PYTHONPATH"] = str(Path(__file__).resolve().parents[3])
     done = subprocess.run(
         [sys.executable, "-c", _RUN, str(save), steps, str(ops)],
         env=environ,

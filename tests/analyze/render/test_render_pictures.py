@@ -23,10 +23,10 @@ import pytest
 from instrument import cli, naming
 from instrument.analyze import Report, analyze, write_html, write_png
 from instrument.analyze.render import _png as picture
-from tests.analyze.browser import needs_chromium, probe
+from tests.analyze.render.browser import needs_chromium, probe
 from tests.analyze.test_analyze import known_run, sdk_trace
 
-VLLM_BUSY = Path(__file__).parents[1] / "data" / "vllm" / "busy"
+VLLM_BUSY = Path(__file__).parents[2] / "data" / "vllm" / "busy"
 
 
 @pytest.fixture(scope="module")

@@ -26,7 +26,7 @@ from instrument import cli
 from instrument.analyze import TraceFile, analyze, render_text
 from instrument.analyze.traces._ray import _batches, _scan_batch
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 HANG_GUARD_S = 600  # a stuck cluster fails the test instead of hanging CI; never a speed check
 VARYING = ("elapsed_s", "jobs", "png", "html")  # how long and by how many: the only fields that may differ
 

@@ -25,9 +25,9 @@ from instrument.analyze.render import _tables as tables
 from instrument.analyze.render._destination import write_new_file
 from instrument.analyze.render._words import plural
 from tests.analyze.test_analyze import known_run
-from tests.analyze.test_steps import STRAGGLER, _torch_set
+from tests.analyze.traces.test_steps import STRAGGLER, _torch_set
 
-HTA_DATA = Path(__file__).parents[1] / "data" / "hta"
+HTA_DATA = Path(__file__).parents[2] / "data" / "hta"
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ torch = pytest.importorskip("torch")
 import instrument as ins  # noqa: E402
 from instrument import cli  # noqa: E402
 from instrument.analyze import analyze, render_text, write_html  # noqa: E402
-from instrument.analyze.traces import _snapshots  # noqa: E402
 from instrument.analyze.render._tables import memory_rows  # noqa: E402
+from instrument.analyze.traces import _snapshots  # noqa: E402
 from instrument.naming import trace_basename  # noqa: E402
 from instrument.recorders import memory  # noqa: E402
 from instrument.run._state import STATE  # noqa: E402

@@ -25,7 +25,7 @@ from instrument.analyze.render._merged import merged_trace_bytes
 from instrument.analyze.render._png import _figure
 from instrument.analyze.render._timeline_html import DIV_ID, timeline_figure
 from instrument.timeline import encode_clock, encode_header, encode_name, encode_span, encode_thread
-from tests.analyze.browser import needs_chromium, probe
+from tests.analyze.render.browser import needs_chromium, probe
 
 MS = 1_000_000
 BASE = 7_000 * MS  # the made-up clock's reading at step 1
