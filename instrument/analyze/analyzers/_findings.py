@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import logging
 import statistics
+from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import compress, repeat
+from operator import add, mul, sub
 
-from instrument.analyze.model import GENERATION_STAGES, Finding, StepTimeline
+from instrument.analyze.model import GENERATION_STAGES, Finding, RankTable, StepTimeline
 
 __all__ = [
     "BUBBLE_MIN_SHARE",
@@ -195,6 +198,9 @@ def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
         lambda: defaultdict(lambda: defaultdict(float))
     )
     for timeline in steps if aligned and targets else ():
+        if isinstance(timeline.ranks, RankTable):
+            _waits_for(timeline.ranks, timeline.step, targets, waits)
+            continue
         for row in timeline.ranks:
             for cause_role, cause_stage, cause_rank, ms in row.waits():  # no TimeShare made: millions of them
                 if cause_role is None or cause_rank is None:
@@ -228,6 +234,36 @@ def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
         top = stages[0][1]
         findings.append(Finding("straggler", text, excess / len(steps), role, top, rank, tuple(slow_steps)))
     return findings
+
+
+def _waits_for(
+    table: RankTable,
+    step: int,
+    targets: Mapping[tuple[str, str, int], tuple[tuple[str, int], set[int]]],
+    waits: dict[tuple[str, int], dict[str, dict[tuple[int, int], float]]],
+) -> None:
+    """What :func:`stragglers` adds up from one step's lanes, read from the table's columns: only the waits for a
+    target (cause and rank, one int) are looked at one by one, in the lanes' order."""
+    by_cause: dict[tuple[str | None, str], list[int]] = defaultdict(list)
+    for number, cause in enumerate(table.causes):
+        by_cause[cause].append(number)
+    wanted = {}  # the code of a target's (cause, rank) -> the target
+    ranks = table.wait_rank
+    if not ranks:
+        return
+    low = min(ranks)
+    span = max(ranks) - low + 1
+    for (role, stage, rank), found in targets.items():
+        if step in found[1] and low <= rank < low + span:
+            for number in by_cause.get((role, stage), ()):
+                wanted[number * span + rank - low] = found[0]
+    if not wanted:
+        return
+    codes = list(map(add, map(mul, table.cause, repeat(span)), map(sub, ranks, repeat(low))))
+    at, roles, lane_role, lane_rank, ns = table.at, table.roles, table.role, table.rank, table.wait_ns
+    for j in compress(range(len(codes)), map(wanted.__contains__, codes)):
+        lane = bisect_right(at, j) - 1
+        waits[wanted[codes[j]]][roles[lane_role[lane]]][(lane_rank[lane], step)] += _ms(ns[j])
 
 
 def bubbles(analysis: TimelineAnalysis) -> list[Finding]:

@@ -65,10 +65,11 @@ from the top of each (role, stage)'s sorted peers down, O(1) a peer). The work i
 (:mod:`._timeline_step`): index runs by step slice each step's spans out of the files' columns, and a lane of
 sequential stages (in the file's order, each ending before the next starts) is indexed by C-level passes over them;
 what is still made per span is its ints, one role-index tuple per top-level stage and one loop turn per idle gap
-(the waits). ``benchmarks/timeline_analysis.py`` at 4,096 ranks x 100 steps x 10 stages (4.5M spans): ~25 s,
-~5.5 µs of CPU a span, 346 MB peak (the budget: 15 s and 400 MB; docs/scale.md). Memory: the spans stay
-columns; one step's lists are alive at a time, and each step's result keeps its lanes and their waits as columns
-(:class:`~instrument.analyze.model.RankTable`).
+(the waits: a role's gaps at once, summed and sorted once a role and added to the step's table as columns; the
+stragglers' finding reads those columns). ``benchmarks/timeline_analysis.py`` at 4,096 ranks x 100 steps x 10
+stages (4.5M spans): 19-22 s, 4.2-5.0 µs of CPU a span, ~355 MB peak (the budget: 15 s and 400 MB;
+docs/scale.md). Memory: the spans stay columns; one step's lists (one role's waits) are alive at a time, and
+each step's result keeps its lanes and their waits as columns (:class:`~instrument.analyze.model.RankTable`).
 
 Two modules: this one (the entry point, the judgement across steps) and :mod:`._timeline_step` (one step: its
 spans, lanes, waits, critical path and values); the result values are in :mod:`instrument.analyze.model`.

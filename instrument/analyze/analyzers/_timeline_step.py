@@ -8,11 +8,15 @@ where the layout allows it. A lane whose top-level stages are disjoint with gaps
 the common case) is indexed without a Python loop per span; one with nested, overlapping or touching stages, or
 stages cut off at its step's ends, goes through the general loop (:func:`_index_general`; the two agree on every
 disjoint lane, a property test checks it). Stage names are numbered in their sorted order (:class:`_Names`), so
-that a sort on the number is the sort on (role, stage).
+that a sort on the number is the sort on (role, stage). The waits are found for all the lanes of a role at once:
+their gaps gathered as columns and attributed in one loop over them (:func:`_attribute`, against each role's index
+as columns, :data:`_Columns`), summed by (lane, cause) in one dict of ints and sorted once, a role at a time (the
+step's peak memory), and added to its :class:`~instrument.analyze.model.RankTable` as columns
+(:meth:`~instrument.analyze.model.RankTable.add_lanes`).
 
-One module of ~660 lines, on purpose: reading a step's columns, indexing its lanes, the waits and the critical
-path share the private index types (the stage numbering, the chunks, the lanes' columns, the per-role end index);
-the judgement across steps and the entry point are :mod:`._timeline`.
+One module of ~800 lines, on purpose: reading a step's columns, indexing its lanes, the waits and the critical
+path share the private index types (the stage numbering, the chunks, the lanes' columns, the per-role end index
+as tuples and as columns, the cause numbers); the judgement across steps and the entry point are :mod:`._timeline`.
 """
 
 from __future__ import annotations
@@ -21,8 +25,9 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
-from itertools import chain, compress, groupby, islice, repeat
-from operator import add, floordiv, itemgetter, lt, mod, mul, neg, sub
+from functools import reduce
+from itertools import compress, groupby, islice, repeat
+from operator import add, attrgetter, floordiv, itemgetter, lt, mod, mul, neg, sub, truediv
 
 from instrument.analyze.analyzers._findings import GENERATION_ROLE
 from instrument.analyze.model import (
@@ -54,7 +59,7 @@ UNATTRIBUTED = "unattributed"
 
 _Key = tuple[str, int]  # a lane: (role, rank)
 # A top-level stage in its lane role's index, sorted so that the one preferred on a tie comes last:
-# (end, -lane index, -start, -thread, start, lane index, cause: stage id x lanes in the step + lane index).
+# (end, -lane index, -start, -thread, start, lane index, cause: stage id x (lanes in the step + 1) + lane index).
 _Ended = tuple[int, int, int, int, int, int, int]
 # A process's stage spans in one step, as columns: (role, rank, starts, ends, threads, stage ids, in order:
 # each ends before the next starts, none is empty, so that they are sorted and disjoint as they are).
@@ -62,7 +67,8 @@ _Chunk = tuple[str, int, list[int], list[int], list[int], list[int], bool]
 _FAR = 1 << 62  # later than any clock (ns)
 _STAGE, _STEP, _WINDOW, _OTHER = range(4)
 _KINDS = {"stage": _STAGE, "step": _STEP, "window": _WINDOW}
-_first = itemgetter(0)
+_first, _fourth, _fifth, _sixth, _seventh = itemgetter(0), itemgetter(3), itemgetter(4), itemgetter(5), itemgetter(6)
+_role_of = attrgetter("role")
 
 
 def _ms(ns: float) -> float:
@@ -371,22 +377,29 @@ class Step:
         self.lanes: list[Lane] = []
         by_role: dict[str, list[_Ended]] = defaultdict(list)
         self.generation_runs: list[tuple[int, int]] = []
-        count = len(members)
+        count = len(members) + 1  # cause numbers: stage number x (lanes + 1) + lane index; no lane: + lanes
+        self.unattributed = len(self.keys) * count + count - 1  # the cause number of no cause
         for index, key in enumerate(sorted(members)):
             lane = self._lane(key, index, members[key], windows.get(key), names.generation, count)
             self.lanes.append(lane)
             if aligned:  # only waits need the index, and only aligned clocks have waits
                 by_role[lane.role].extend(lane.ended)
             lane.ended = ()
-        self.lane_ranks = [lane.rank for lane in self.lanes]
         self.order = names.order
-        self.others: dict[str, list[tuple[list[int], list[_Ended]]]] = {}  # by role: the other roles' indexes
         self.by_role: dict[str, list[_Ended]] = {}
         self.ends_by_role: dict[str, list[int]] = {}
+        self.columns: dict[str, _Columns] = {}  # by role: its index as columns, for the step's gaps at once
+        self.tops: list[tuple[_Ended, _Ended | None]] = []  # by role: its last-ending stage, the last on another lane
         for role in sorted(by_role):
             entries = sorted(by_role[role])  # unique on the first four: the cause is never compared
             self.by_role[role] = entries
-            self.ends_by_role[role] = list(map(_first, entries))
+            self.ends_by_role[role] = ends = list(map(_first, entries))
+            self.columns[role] = _columns(ends, entries, self.unattributed)
+            if entries:
+                top, i = entries[-1], len(entries) - 2
+                while i >= 0 and entries[i][5] == top[5]:
+                    i -= 1
+                self.tops.append((top, entries[i] if i >= 0 else None))
 
     def _lane(
         self, key: _Key, index: int, group: list[_Chunk], window: list[int] | None, generation: list[bool], count: int
@@ -465,100 +478,95 @@ class Step:
         """What ``lane`` waited for in its idle gap ``[gap_start, gap_end]`` (rules in the module docstring)."""
         unc = self.uncertainty
         if at_end:  # whatever ended last elsewhere, after this lane stopped
-            low, high, before = gap_start - unc + 1, _FAR, _FAR
-        else:
-            low, high, before = max(gap_end - unc - self.tolerance, gap_start - unc), gap_end + unc, gap_end
+            return self._ended_last(lane.index, gap_start - unc + 1)
+        low, high, before = max(gap_end - unc - self.tolerance, gap_start - unc), gap_end + unc, gap_end
         best = None
         for role in self.by_role:
-            if role != lane.role or at_end:
+            if role != lane.role:
                 entry = self._latest(role, low, high, lane.index, before)
                 if entry is not None and (best is None or entry > best):  # unique on the first four
                     best = entry
-        if best is None and not at_end and lane.role in self.by_role:
+        if best is None and lane.role in self.by_role:
             best = self._latest(lane.role, low, high, lane.index, before)
         return best
 
-    def _waits(self, lane: Lane) -> list[tuple[int, int, int, int, int]]:
-        """What ``lane`` waited for, by cause, largest first: (-ns, place of the cause's (role or "", stage),
-        rank or -1, cause number, ns).
+    def _ended_last(self, lane: int, low: int) -> _Ended | None:
+        """The latest-ending stage of the step, of any role, on a lane other than ``lane``, ended at ``low`` or
+        later (:meth:`_latest` of every role with no upper bound, from each role's top two lanes)."""
+        best = None
+        for top, other in self.tops:
+            entry = top if top[5] != lane else other
+            if entry is not None and entry[0] >= low and (best is None or entry > best):
+                best = entry
+        return best
 
-        The gaps inside and at the head of its step are :meth:`_waited_for`'s rule, inlined."""
-        li, unc, tol = lane.index, self.uncertainty, self.tolerance
-        starts, ends = lane.block_starts, lane.block_ends
-        others = self._others(lane.role, starts[-1] + unc if starts else _FAR)
-        count = len(self.lanes)
-        unattributed = len(self.keys) * count  # the cause number of no cause, on lane 0
-        own = self.by_role.get(lane.role)
-        own_ends = self.ends_by_role.get(lane.role, [])
-        waited: dict[int, int] = {}
-        head = ((lane.start, starts[0]),) if starts and starts[0] > lane.start else ()
-        one = others[0] if len(others) == 1 else None  # two roles: one index to look in first, no comparing
-        slack = unc + tol
-        for a, b in chain(head, zip(ends, islice(starts, 1, None), strict=False)):
-            low = b - slack
-            if a - unc > low:  # noqa: PLR1730  # no call: once a gap, millions of times
-                low = a - unc
-            high = b + unc
-            best = None
-            if one is not None:  # another role's lane is never this one: only the start is checked
-                role_ends, entries = one
-                i = bisect_right(role_ends, high) - 1
-                while i >= 0 and role_ends[i] >= low:
-                    entry = entries[i]
-                    if entry[4] < b:
-                        best = entry
-                        break
-                    i -= 1
-            else:
-                for role_ends, entries in others:
-                    i = bisect_right(role_ends, high) - 1
-                    while i >= 0 and role_ends[i] >= low:
-                        entry = entries[i]
-                        if entry[4] < b:
-                            if best is None or entry > best:
-                                best = entry
-                            break
-                        i -= 1
-            if best is None and own is not None:
-                i = bisect_right(own_ends, high) - 1
-                while i >= 0 and own_ends[i] >= low:
-                    entry = own[i]
-                    if entry[5] != li and entry[4] < b:
-                        best = entry
-                        break
-                    i -= 1
-            code = unattributed if best is None else best[6]
-            waited[code] = waited.get(code, 0) + b - a
-        previous = ends[-1] if starts else lane.start
-        if lane.end > previous:  # it finished early (or ran no stage at all)
-            cause = self._waited_for(lane, previous, lane.end, at_end=True)
-            code = unattributed if cause is None else cause[6]
-            waited[code] = waited.get(code, 0) + lane.end - previous
-        return self._rows(waited, count, unattributed)
+    def _waits(self) -> tuple[list[int], list[int], list[int], list[int]]:
+        """What every lane waited for, all lanes at once: each lane's causes (numbers into :attr:`causes`),
+        their ranks (-1: unattributed) and ns, lane after lane, largest first (in the order TimeShare values
+        sort in: by their ms, then the cause's (role or "", stage), rank), and where each lane's rows begin.
 
-    def _others(self, role: str, latest: int) -> list[tuple[list[int], list[_Ended]]]:
-        """The index (ends, entries) of every role but ``role``; none when no stage of theirs ended by ``latest``
-        (a lane's last resume, plus the uncertainty: none of them was waited for)."""
-        others = self.others.get(role)
-        if others is None:
-            others = [(self.ends_by_role[r], entries) for r, entries in self.by_role.items() if r != role]
-            self.others[role] = others
-        if all(not role_ends or role_ends[0] > latest for role_ends, _ in others):
-            return []
-        return others
-
-    def _rows(self, waited: dict[int, int], count: int, unattributed: int) -> list[tuple[int, int, int, int, int]]:
-        """A lane's waits (cause code -> ns) as :meth:`_waits` gives them, sorted."""
-        codes, ns = list(waited), list(waited.values())
-        kids = list(map(floordiv, codes, repeat(count)))
-        ranks = list(map(self.lane_ranks.__getitem__, map(mod, codes, repeat(count))))
-        if unattributed in waited:
-            ranks[codes.index(unattributed)] = -1
-        # The order TimeShare values sort in: by their ms (the float a reader gets; ns order is the same), then
-        # the cause; no two causes are equal.
-        rows = list(zip(map(neg, ns), map(self.order.__getitem__, kids), ranks, kids, ns, strict=True))
-        rows.sort()
-        return rows
+        A gap inside or at the head of a step is :meth:`_waited_for`'s rule, over the gaps of a role's lanes
+        at once (:func:`_attribute`); one at the end, :meth:`_ended_last`."""
+        unc, slack, count, lanes = self.uncertainty, self.uncertainty + self.tolerance, len(self.lanes), self.lanes
+        width = self.unattributed + 1
+        ranks = [lane.rank for lane in lanes]
+        ranks.append(-1)  # no lane: unattributed
+        kids_out: list[int] = []
+        ranks_out: list[int] = []
+        ns_out: list[int] = []
+        bounds = [0]
+        first = 0
+        for role, same in groupby(map(_role_of, lanes)):  # a role's lanes are next to each other: one at a time
+            past = first + len(list(same))
+            waited: dict[int, int] = {}  # lane index x width + cause number -> ns
+            a_s: list[int] = []
+            b_s: list[int] = []
+            at: list[int] = []  # the lane index, a gap
+            for lane in islice(lanes, first, past):
+                starts, ends = lane.block_starts, lane.block_ends
+                blocks = len(starts)
+                if blocks and starts[0] > lane.start:
+                    a_s.append(lane.start)
+                    b_s.append(starts[0])
+                    at.append(lane.index)
+                if blocks > 1:
+                    a_s.extend(islice(ends, blocks - 1))
+                    b_s.extend(islice(starts, 1, None))
+                    at.extend(repeat(lane.index, blocks - 1))
+                previous = ends[-1] if blocks else lane.start
+                if lane.end > previous:  # it finished early (or ran no stage at all)
+                    cause = self._ended_last(lane.index, previous - unc + 1)
+                    key = lane.index * width + (self.unattributed if cause is None else cause[6])
+                    waited[key] = waited.get(key, 0) + lane.end - previous
+            if a_s:
+                others = [self.columns[r] for r in self.columns if r != role]
+                own = self.columns.get(role)
+                _attribute(a_s, b_s, at, others, own, unc, slack, width, self.unattributed, waited)
+            del a_s, b_s, at
+            keys, ns = list(waited), list(waited.values())
+            del waited
+            codes = list(map(mod, keys, repeat(width)))
+            kids = list(map(floordiv, codes, repeat(count + 1)))
+            rows = list(
+                zip(
+                    map(floordiv, keys, repeat(width)),
+                    map(neg, ns),
+                    map(self.order.__getitem__, kids),
+                    map(ranks.__getitem__, map(mod, codes, repeat(count + 1))),
+                    kids,
+                    ns,
+                    strict=True,
+                )
+            )
+            del keys, codes, kids, ns
+            rows.sort()  # by lane, then as TimeShare values sort: by their ms (ns order is the same), then the cause
+            lane_of = list(map(_first, rows))
+            bounds.extend(map(add, map(bisect_right, repeat(lane_of), range(first, past)), repeat(len(ns_out))))
+            kids_out.extend(map(_fifth, rows))
+            ranks_out.extend(map(_fourth, rows))
+            ns_out.extend(map(_sixth, rows))
+            first = past
+        return kids_out, ranks_out, ns_out, bounds
 
     # ---------------------------------------------------------------- the critical path
 
@@ -625,34 +633,27 @@ class Step:
             path = ()
             generation = max(lane.generation for lane in lanes)
         table = RankTable(self.causes)  # the step's lanes and waits as columns: millions of waits at 4,096 ranks
-        role_sums: dict[str, list[int]] = {}
-        role_causes: dict[str, dict[int, float]] = {}
-        nothing: tuple[int, ...] = ()
-        for lane in lanes:
-            idle = lane.end - lane.start - lane.busy
-            causes = role_causes.get(lane.role)
-            if causes is None:
-                role_causes[lane.role] = causes = {}
-            waits = self._waits(lane) if self.aligned else None
-            if waits:
-                _, _, ranks, kids, ns = zip(*waits, strict=True)
-                table.add_numbered(lane.rank, lane.role, lane.busy, idle, kids, ranks, ns)
-                for kid, n in zip(kids, ns, strict=True):  # in the lane's order, as the reader sums them
-                    causes[kid] = causes.get(kid, 0.0) + n / NS_PER_MS
-            else:
-                table.add_numbered(lane.rank, lane.role, lane.busy, idle, nothing, nothing, nothing)
-            sums = role_sums.get(lane.role)
-            if sums is None:
-                role_sums[lane.role] = sums = [0, 0, 0]
-            sums[0] += 1
-            sums[1] += lane.busy
-            sums[2] += idle
+        busy = [lane.busy for lane in lanes]
+        idle = [lane.end - lane.start - lane.busy for lane in lanes]
+        if self.aligned:
+            kids, ranks, ns, bounds = self._waits()
+        else:
+            kids, ranks, ns, bounds = [], [], [], [0] * (len(lanes) + 1)
+        table.add_lanes(
+            [lane.rank for lane in lanes], [lane.role for lane in lanes], busy, idle, bounds, kids, ranks, ns
+        )
         roles = {}
-        for role, (count, busy, idle) in role_sums.items():
-            named = [(self.causes[kid], ms) for kid, ms in role_causes[role].items()]
+        first = 0
+        for role, same in groupby(map(_role_of, lanes)):  # a role's lanes are next to each other
+            past = first + len(list(same))
+            lo, hi = bounds[first], bounds[past]
+            summed = _ms_sums(kids[lo:hi], ns[lo:hi])  # in the lanes' order, as the reader sums them
+            named = [(self.causes[kid], ms) for kid, ms in summed.items()]
             ranked = sorted(named, key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
             shares = tuple(TimeShare(r, s, None, ms) for (r, s), ms in ranked)
-            roles[role] = RoleTimeline(role, count, _ms(busy), _ms(idle), shares)
+            role_busy, role_idle = sum(busy[first:past]), sum(idle[first:past])
+            roles[role] = RoleTimeline(role, past - first, _ms(role_busy), _ms(role_idle), shares)
+            first = past
         return StepTimeline(self.step, _ms(wall), path, roles, table, _ms(generation))
 
     def stage_time(self) -> dict[tuple[str, str], int]:
@@ -696,3 +697,104 @@ def _union_length(runs: list[tuple[int, int]], low: int, high: int) -> int:
             total += b - a
             reach = b
     return total
+
+
+# The index of a role's top-level stages in a step, as columns, each with a first row that no gap finds:
+# (ends, ends, starts, lane indexes, cause numbers, entries); the ends first without it, for bisection.
+_Columns = tuple[list[int], list[int], list[int], list[int], list[int], list[_Ended | None]]
+_NEVER = -(1 << 80)  # earlier than any window
+
+
+def _columns(ends: list[int], entries: list[_Ended], unattributed: int) -> _Columns:
+    """``entries`` (sorted, their ``ends``) as :data:`_Columns`; the first row's cause: ``unattributed``."""
+    return (
+        ends,
+        [_NEVER, *ends],
+        [_FAR, *map(_fifth, entries)],
+        [-1, *map(_sixth, entries)],
+        [unattributed, *map(_seventh, entries)],
+        [None, *entries],
+    )
+
+
+def _attribute(
+    a_s: list[int],
+    b_s: list[int],
+    lanes: list[int],
+    others: list[_Columns],
+    own: _Columns | None,
+    unc: int,
+    slack: int,
+    width: int,
+    unattributed: int,
+    waited: dict[int, int],
+) -> None:
+    """Adds each gap ``a_s[j]`` to ``b_s[j]`` of lane ``lanes[j]`` to ``waited[lane x width + cause]`` (ns): the
+    latest-ending stage of another role (in ``others``) that ended in ``[max(b - slack, a - unc), b + unc]`` and
+    started before ``b``, else one of its own role (``own``) on another lane, else ``unattributed``; what
+    :meth:`Step._waited_for` finds for a gap inside or at the head of a step, one loop turn a gap."""
+    get = waited.get
+    reach = max(b_s) + unc
+    others = [index for index in others if index[0] and index[0][0] <= reach]  # the others no window reaches go
+    one = others[0] if len(others) == 1 else None
+    several = others if len(others) > 1 else []
+    if own is not None and own[0]:
+        ends, end, start, lane, cause = own[0], own[1], own[2], own[3], own[4]
+    else:  # no stage of its role: nothing found there
+        ends, end, start, lane, cause = [], [_NEVER], [_FAR], [-1], [unattributed]
+    own_last, own_top = ends[-1] if ends else _NEVER, len(ends)
+    if one is not None:
+        one_ends, one_end, one_start, one_cause = one[0], one[1], one[2], one[4]
+        one_last, one_top = one_ends[-1], len(one_ends)
+    else:
+        one_ends, one_end, one_start, one_cause, one_last, one_top = [], [], [], [], _NEVER, 0
+    for a, b, li in zip(a_s, b_s, lanes, strict=True):
+        low = b - slack
+        if a - unc > low:  # noqa: PLR1730  # no call: once a gap, millions of times
+            low = a - unc
+        code = -1
+        if one_last >= low:  # one other role, whose last stage ended in reach (another lane): only the start checked
+            i = one_top if b + unc >= one_last else bisect_right(one_ends, b + unc)
+            while one_end[i] >= low:  # the first row ends before any window
+                if one_start[i] < b:
+                    code = one_cause[i]
+                    break
+                i -= 1
+        elif several:  # several other roles: the latest-ending of what each gives
+            best = None
+            for index in several:
+                index_end, index_start = index[1], index[2]
+                i = bisect_right(index[0], b + unc)
+                while index_end[i] >= low:
+                    if index_start[i] < b:
+                        entry = index[5][i]
+                        if best is None or entry > best:  # type: ignore[operator]
+                            best = entry
+                        break
+                    i -= 1
+            if best is not None:
+                code = best[6]
+        if code < 0:
+            i = own_top if b + unc >= own_last else bisect_right(ends, b + unc)
+            while end[i] >= low:
+                if lane[i] != li and start[i] < b:
+                    break
+                i -= 1
+            else:
+                i = 0
+            code = cause[i]
+        key = li * width + code
+        waited[key] = get(key, 0) + b - a
+
+
+def _ms_sums(kids: list[int], ns: list[int]) -> dict[int, float]:
+    """Each cause's ns in ms, summed in the order given (0.0 + ms + ms ...), the causes in the order they first
+    come (what ``sums[kid] = sums.get(kid, 0.0) + n / NS_PER_MS`` over them gives)."""
+    order = sorted(range(len(kids)), key=kids.__getitem__)  # stable: in the order given within a cause
+    by_kid = list(map(kids.__getitem__, order))
+    ms = list(map(truediv, map(ns.__getitem__, order), repeat(NS_PER_MS)))
+    sums = {}
+    for kid in dict.fromkeys(kids):
+        lo = bisect_left(by_kid, kid)
+        sums[kid] = reduce(add, ms[lo : bisect_right(by_kid, kid, lo)], 0.0)
+    return sums

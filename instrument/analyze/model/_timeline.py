@@ -9,7 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import FrozenInstanceError, dataclass
-from itertools import repeat
+from itertools import islice, repeat
 from operator import truediv
 from typing import TYPE_CHECKING, Any, overload
 
@@ -257,6 +257,34 @@ class RankTable(Sequence["RankTimeline"]):
         self.wait_rank.extend(ranks)
         self.wait_ns.extend(ns)
         self.at.append(len(self.wait_ns))
+
+    def add_lanes(
+        self,
+        ranks: Sequence[int],
+        roles: Sequence[str],
+        busy_ns: Sequence[int],
+        idle_ns: Sequence[int],
+        bounds: Sequence[int],
+        causes: Sequence[int],
+        wait_ranks: Sequence[int],
+        wait_ns: Sequence[int],
+    ) -> None:
+        """Append lanes as columns, what :meth:`add_numbered` lane after lane gives: lane ``i``'s waits are rows
+        ``bounds[i]`` to ``bounds[i + 1]`` of ``causes`` / ``wait_ranks`` / ``wait_ns`` (``bounds[0]`` is 0)."""
+        numbers = self._roles
+        for role in dict.fromkeys(roles):
+            numbers.setdefault(role, len(numbers))
+        if len(numbers) != len(self.roles):
+            self.roles = list(numbers)
+        self.role.extend(map(numbers.__getitem__, roles))
+        self.rank.extend(ranks)
+        self.busy_ns.extend(busy_ns)
+        self.idle_ns.extend(idle_ns)
+        base = len(self.wait_ns)
+        self.at.extend(map(base.__add__, islice(bounds, 1, None)))
+        self.cause.extend(causes)
+        self.wait_rank.extend(wait_ranks)
+        self.wait_ns.extend(wait_ns)
 
     def waits(self, lane: int) -> Iterator[WaitRow]:
         """Lane ``lane``'s waits as (role, stage, rank, ns)."""
