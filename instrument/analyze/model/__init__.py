@@ -39,17 +39,15 @@ from instrument.analyze.model._report import (
     TraceFile,
     label_key,
 )
+from instrument.analyze.model._spans import SpanRow, TimelineLane, TimelineSpans
 from instrument.analyze.model._timeline import (
     ClockInfo,
     Finding,
     RankTable,
     RankTimeline,
     RoleTimeline,
-    SpanRow,
     StepTimeline,
-    TimelineLane,
     TimelineReport,
-    TimelineSpans,
     TimeShare,
     WaitRow,
     findings_text,

@@ -15,7 +15,8 @@ from typing import Any
 
 from instrument import naming
 from instrument.analyze.model import _json
-from instrument.analyze.model._timeline import TimelineReport, TimelineSpans
+from instrument.analyze.model._spans import TimelineSpans
+from instrument.analyze.model._timeline import TimelineReport
 
 __all__ = [
     "CLOCK_CAVEAT",
