@@ -210,8 +210,7 @@ class RankTable(Sequence["RankTimeline"]):
         self._causes: dict[tuple[str | None, str], int] | None = None if causes else {}
         self._named: tuple[list[str | None], list[str], frozenset[int]] | None = None  # made as first read
 
-    def add(self, rank: int, role: str, busy_ns: int, idle_ns: int, waits: list[WaitRow]) -> None:
-        """Append one lane: its busy and idle time and its waits (in order)."""
+    def _lane(self, rank: int, role: str, busy_ns: int, idle_ns: int) -> None:
         roles = self._roles
         self.role.append(roles.setdefault(role, len(roles)))
         if len(roles) != len(self.roles):
@@ -219,6 +218,10 @@ class RankTable(Sequence["RankTimeline"]):
         self.rank.append(rank)
         self.busy_ns.append(busy_ns)
         self.idle_ns.append(idle_ns)
+
+    def add(self, rank: int, role: str, busy_ns: int, idle_ns: int, waits: list[WaitRow]) -> None:
+        """Append one lane: its busy and idle time and its waits (in order)."""
+        self._lane(rank, role, busy_ns, idle_ns)
         causes = self._causes
         if causes is None:  # numbered by a table given at the start: grown from it
             self._causes = causes = {cause: i for i, cause in reversed(list(enumerate(self.causes)))}
@@ -241,13 +244,7 @@ class RankTable(Sequence["RankTimeline"]):
     ) -> None:
         """Append one lane whose waits are columns already: ``causes`` numbers into :attr:`causes` (the table
         given at the start), ``ranks`` (-1 where unattributed) and ``ns``, in order."""
-        roles = self._roles
-        self.role.append(roles.setdefault(role, len(roles)))
-        if len(roles) != len(self.roles):
-            self.roles = list(roles)
-        self.rank.append(rank)
-        self.busy_ns.append(busy_ns)
-        self.idle_ns.append(idle_ns)
+        self._lane(rank, role, busy_ns, idle_ns)
         self.cause.extend(causes)
         self.wait_rank.extend(ranks)
         self.wait_ns.extend(ns)
