@@ -9,8 +9,8 @@ __all__ = ["needs_extra"]
 
 
 def needs_extra(what: str, extra: str, exc: ModuleNotFoundError) -> ModuleNotFoundError:
-    """What to raise instead of ``exc``: ``{what} needs 'nvtx' (not installed): pip install 'instrument[nvtx]'``."""
+    """What to raise instead of ``exc``: ``{what} needs 'nvtx' (not installed): pip install 'instrument-rl[nvtx]'``."""
     missing = exc.name or str(exc)
     return ModuleNotFoundError(
-        f"{what} needs {missing!r} (not installed): pip install 'instrument[{extra}]'", name=exc.name
+        f"{what} needs {missing!r} (not installed): pip install 'instrument-rl[{extra}]'", name=exc.name
     )

@@ -54,7 +54,7 @@ class Registration:
     """Beside other recorders it starts first and stops last, so its own work (a memory snapshot) stays out
     of their traces."""
     extra: str | None = None
-    """The ``instrument[...]`` extra installing what its module imports, named when that is missing."""
+    """The ``instrument-rl[...]`` extra installing what its module imports, named when that is missing."""
 
 
 _REGISTRY: dict[str, Registration] = {

@@ -119,7 +119,7 @@ class StageMetrics:
 def serve(port: int, addr: str = "127.0.0.1") -> Any:
     """Expose ``/metrics`` on ``addr:port`` (loopback by default); returns the server.
 
-    Raises ``ModuleNotFoundError`` naming ``pip install 'instrument[metrics]'`` without ``prometheus_client``.
+    Raises ``ModuleNotFoundError`` naming ``pip install 'instrument-rl[metrics]'`` without ``prometheus_client``.
 
     With ``PROMETHEUS_MULTIPROC_DIR`` set, the scrape aggregates every process that wrote there
     (forked workers included).

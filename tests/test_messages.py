@@ -35,7 +35,7 @@ def test_a_recorder_whose_package_is_missing_names_the_extra(monkeypatch: pytest
     monkeypatch.setitem(_tools._REGISTRY, "nvtx", fresh)
     with pytest.raises(ModuleNotFoundError, match=r"^tool='nvtx' needs 'nvtx' \(not installed\): ") as caught:
         recorders.recorder_class("nvtx")
-    assert "pip install 'instrument[nvtx]'" in str(caught.value)
+    assert "pip install 'instrument-rl[nvtx]'" in str(caught.value)
     assert caught.value.name == "nvtx"
 
 
@@ -57,7 +57,7 @@ def test_tool_nvtx_without_nvtx_warns_with_the_extra_and_training_goes_on(
         assert update() == 7
     ins.finish()
     assert run.failures >= 1
-    assert "pip install 'instrument[nvtx]'" in _warnings(caplog)
+    assert "pip install 'instrument-rl[nvtx]'" in _warnings(caplog)
 
 
 def test_a_recorder_that_is_not_ours_keeps_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,14 +81,14 @@ def test_metrics_without_prometheus_client_name_the_extra(
     assert run.failures == 1
     shown = _warnings(caplog)
     assert "ProfilerConfig(metrics=True) needs 'prometheus_client'" in shown
-    assert "pip install 'instrument[metrics]'" in shown
+    assert "pip install 'instrument-rl[metrics]'" in shown
 
 
 def test_serve_without_prometheus_client_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     _block(monkeypatch, "prometheus_client")
     with pytest.raises(ModuleNotFoundError, match=r"serve\(\) needs 'prometheus_client'") as caught:
         metrics.serve(0)
-    assert "pip install 'instrument[metrics]'" in str(caught.value)
+    assert "pip install 'instrument-rl[metrics]'" in str(caught.value)
 
 
 # ------------------------------------------------------------------------------------------- constructors

@@ -10,6 +10,7 @@ close a cycle only if a comment on its line (or the line above) says ``cycle`` a
 from __future__ import annotations
 
 import ast
+import re
 import shutil
 import subprocess
 import sys
@@ -25,6 +26,8 @@ from instrument import _shipped
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "instrument"
 HANG_GUARD_S = 300  # only against a hang: the assertions are about contents and exit statuses
+DISTRIBUTION = "instrument-rl"  # the name users install; `instrument` on PyPI is an unrelated project (issue 32)
+WHEEL_NAME = DISTRIBUTION.replace("-", "_")  # as a wheel's file and its .dist-info spell it
 
 
 # --------------------------------------------------------------------------- the import graph
@@ -208,7 +211,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert done.returncode == 0, done.stderr
     # setuptools >= 77 warns on every build about a `project.license` table (issue 27)
     assert "deprecated" not in done.stdout + done.stderr, done.stdout + done.stderr
-    (built,) = (work / "dist").glob("instrument-*.whl")
+    (built,) = (work / "dist").glob(f"{WHEEL_NAME}-*.whl")
     return built
 
 
@@ -227,14 +230,14 @@ def test_the_wheel_holds_the_library_and_no_demo(wheel: Path) -> None:
     assert "instrument/docs/config.md" in shipped
     assert not [n for n in names if n.endswith((".yaml", ".yml")) and not n.startswith("instrument/examples/")]
     version = wheel.name.split("-")[1]
-    assert {n.split("/")[0] for n in names} == {"instrument", f"instrument-{version}.dist-info"}
+    assert {n.split("/")[0] for n in names} == {"instrument", f"{WHEEL_NAME}-{version}.dist-info"}
 
 
 def test_the_wheel_carries_its_license(wheel: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         version = wheel.name.split("-")[1]
-        metadata = archive.read(f"instrument-{version}.dist-info/METADATA").decode()
-        assert archive.read(f"instrument-{version}.dist-info/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
+        metadata = archive.read(f"{WHEEL_NAME}-{version}.dist-info/METADATA").decode()
+        assert archive.read(f"{WHEEL_NAME}-{version}.dist-info/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
 
 
@@ -331,3 +334,103 @@ def test_the_wheel_in_a_venv_outside_the_checkout(wheel: Path, tmp_path: Path) -
     assert loop.stdout.strip().splitlines()[-1] == "failures 0"
     where = run("python", "-c", "import instrument; print(instrument.__file__)").stdout.strip()
     assert where.startswith(str(venv)), where  # the venv's copy, not the checkout's
+
+
+# --------------------------------------------------------------------------- the name users install (issue 32)
+
+# `instrument[x]` or `'instrument[x]'`: the unrelated project's name with one of our extras
+_OLD_NAME = re.compile(r"(?<![\w-])instrument\[")
+
+
+def _named_sources() -> list[Path]:
+    """Every file a user reads an install line in: the package's messages, the pages, README, pyproject."""
+    return [*sorted(PACKAGE.rglob("*.py")), *sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
+
+
+def test_every_install_line_names_the_distribution() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    assert project["name"] == DISTRIBUTION
+    assert project["scripts"] == {"instrument": "instrument.cli:main"}  # the command keeps the import's name
+    assert all(DISTRIBUTION in dep for dep in project["optional-dependencies"]["dev"] if dep.startswith("instr"))
+    stale = [
+        f"{path.relative_to(ROOT)}:{number}: {line.strip()}"
+        for path in _named_sources()
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if _OLD_NAME.search(line)
+    ]
+    assert stale == []
+    assert f"pip install '{DISTRIBUTION}[torch,analyze,yaml]'" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def test_the_old_name_check_finds_a_planted_line() -> None:
+    """The scan above must catch the old name, or it proves nothing; the new name and other words pass."""
+    assert _OLD_NAME.search("needs PyYAML (pip install 'instrument[yaml]')")
+    assert _OLD_NAME.search("wherever instrument[torch,yaml] is installed")
+    assert not _OLD_NAME.search(f"pip install '{DISTRIBUTION}[yaml]'")
+    assert not _OLD_NAME.search("header['instrument'] and metadata_instrument[0]")
+
+
+def test_the_wheel_carries_the_distribution_name(wheel: Path) -> None:
+    version = wheel.name.split("-")[1]
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"{WHEEL_NAME}-{version}.dist-info/METADATA").decode().splitlines()
+        scripts = archive.read(f"{WHEEL_NAME}-{version}.dist-info/entry_points.txt").decode()
+    assert f"Name: {DISTRIBUTION}" in metadata
+    assert {f"Provides-Extra: {extra}" for extra in ("torch", "analyze", "yaml")} <= set(metadata)
+    assert "instrument = instrument.cli:main" in scripts
+
+
+@pytest.mark.slow  # a venv and a pip install from a local folder: ~15 s
+def test_the_wheel_installs_by_its_name(wheel: Path, tmp_path: Path) -> None:
+    """``pip install 'instrument-rl[torch,analyze,yaml]'`` from the wheel's folder alone (no index) into a fresh
+    venv outside the checkout gives the ``instrument`` command and imports the wheel's copy.
+
+    The extras' packages (torch, rich, ...) are this interpreter's: the venv sees its site-packages through
+    a ``.pth`` line (a path only: the editable install's own ``.pth`` there is not processed, so nothing of
+    the checkout is on the venv's path), and pip (this interpreter's, ``--python``: the venv has none of its
+    own) finds them installed instead of downloading them.
+    """
+    venv = tmp_path / "venv"
+    # without its own pip and setuptools: an older setuptools of the venv's would hide the one torch needs
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=HANG_GUARD_S)
+    python = venv / "bin" / "python"
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=HANG_GUARD_S,
+    ).stdout.strip()
+    ours = [p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "attrs").is_dir()]
+    assert ours, "this interpreter has no site-packages with attrs"
+    (Path(purelib) / "deps_from_the_test.pth").write_text(f"{ours[0]}\n")
+    env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PIP_CONFIG_FILE": "/dev/null"}
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+
+    def run(*command: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            command, cwd=outside, env=env, capture_output=True, text=True, timeout=HANG_GUARD_S, check=False
+        )
+
+    installed = run(  # this interpreter's pip, installing into the venv
+        sys.executable, "-m", "pip", "--python", str(python), "install", "--disable-pip-version-check", "--no-index",
+        "--find-links", str(wheel.parent), f"{DISTRIBUTION}[torch,analyze,yaml]",
+    )  # fmt: skip
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert f"Successfully installed {DISTRIBUTION}-" in installed.stdout
+    command = venv / "bin" / "instrument"
+    assert command.is_file()
+    helped = run(str(command), "--help")
+    assert helped.returncode == 0 and "instrument docs [PAGE]" in helped.stdout, helped.stderr
+    page = run(str(command), "docs", "quickstart")
+    assert page.returncode == 0 and page.stdout.startswith("# Quick start"), page.stderr
+    where = run(
+        str(python), "-c",
+        "import importlib.metadata as m, instrument; print(instrument.__file__); print(m.version('instrument-rl'))",
+    )  # fmt: skip
+    assert where.returncode == 0, where.stderr
+    file, version = where.stdout.split()
+    assert Path(file).is_relative_to(venv) and not Path(file).is_relative_to(ROOT), file  # the wheel's copy
+    assert version == wheel.name.split("-")[1]

@@ -287,7 +287,7 @@ def _page_and_trace(args: argparse.Namespace, report: Report) -> tuple[Path | No
         try:
             page = write_html(report, args.html)
         except ImportError:
-            return _error("--html needs matplotlib: pip install 'instrument[analyze]'")
+            return _error("--html needs matplotlib: pip install 'instrument-rl[analyze]'")
         except OSError as exc:
             return _error(f"cannot write {args.html}: {_reason(exc)}")
     merged: Path | None = None
@@ -367,7 +367,7 @@ def main_from_args(args: argparse.Namespace) -> int:
             png = write_png(report, target)
         except ImportError:
             if args.png:
-                return _error("--png needs matplotlib: pip install 'instrument[analyze]'")
+                return _error("--png needs matplotlib: pip install 'instrument-rl[analyze]'")
             _say("instrument analyze: no picture: matplotlib is not installed", sys.stderr)
         except OSError as exc:
             if args.png:

@@ -120,7 +120,7 @@ def _parse_yaml(text: str, shown: str) -> Any:
     try:
         import yaml
     except ImportError as exc:  # pragma: no cover - yaml ships with the dev extra
-        raise ValueError(f"reading {shown} needs PyYAML (pip install 'instrument[yaml]') or a .json file") from exc
+        raise ValueError(f"reading {shown} needs PyYAML (pip install 'instrument-rl[yaml]') or a .json file") from exc
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: 5x faster on big files
     try:
         return yaml.load(text, Loader=loader)  # a safe loader: plain data only

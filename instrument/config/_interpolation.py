@@ -3,7 +3,7 @@
 verl's shipped YAMLs link keys to others (``tool: ${oc.select:global_profiler.tool,null}``) and verl
 resolves them over the whole configuration before a worker reads it. :func:`resolve` does the same
 over a flat document (dotted key -> value): with OmegaConf itself when it is installed
-(``instrument[omegaconf]``), else with the forms verl uses, ``${oc.select:KEY}``,
+(``instrument-rl[omegaconf]``), else with the forms verl uses, ``${oc.select:KEY}``,
 ``${oc.select:KEY,DEFAULT}`` and ``${KEY}`` (absolute keys, nested and inside text); anything else
 is named in a ``ValueError``. Standard library only; OmegaConf is imported when first needed.
 """
@@ -143,7 +143,7 @@ class _Resolver:
         except _UnsupportedError as exc:
             raise ValueError(
                 f"cannot resolve {key!r} ({value!r}): {exc} is not one of the forms resolved without OmegaConf "
-                "(${oc.select:KEY}, ${oc.select:KEY,DEFAULT}, ${KEY}); pip install 'instrument[omegaconf]'"
+                "(${oc.select:KEY}, ${oc.select:KEY,DEFAULT}, ${KEY}); pip install 'instrument-rl[omegaconf]'"
             ) from None
         except ValueError as exc:
             if str(exc).startswith("cannot resolve "):

@@ -282,7 +282,7 @@ class ProfilerConfig:
 
         Any problem is one ``ValueError`` line (``TypeError`` for a wrong type) naming the file when
         the file is at fault, with line and column for a parse error; files over 256 KiB, 10,000
-        values or 32 levels of nesting are refused. YAML needs PyYAML (``instrument[yaml]``).
+        values or 32 levels of nesting are refused. YAML needs PyYAML (``instrument-rl[yaml]``).
         """
         return _config_file.load(path, overrides, cls.from_overrides)
 

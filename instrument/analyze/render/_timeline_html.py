@@ -247,7 +247,7 @@ def _chart(report: Report, view: TimelineView, colors: dict[tuple[str, str], str
     try:
         import plotly.io  # type: ignore[import-untyped, import-not-found, unused-ignore]
     except ImportError:
-        return "<p class=\"note\">The interactive timeline needs plotly: pip install 'instrument[analyze]'.</p>\n"
+        return "<p class=\"note\">The interactive timeline needs plotly: pip install 'instrument-rl[analyze]'.</p>\n"
     figure = timeline_figure(view, colors)
     chart: str = plotly.io.to_html(
         figure,

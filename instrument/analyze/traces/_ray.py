@@ -81,7 +81,7 @@ def _connect(address: str | bool) -> tuple[Any, bool]:
     try:
         import ray
     except ImportError:
-        raise RayUnavailableError("--ray needs Ray: pip install 'instrument[ray]'") from None
+        raise RayUnavailableError("--ray needs Ray: pip install 'instrument-rl[ray]'") from None
     if ray.is_initialized():
         return ray, False
     try:

@@ -115,7 +115,7 @@ def test_without_ray_the_command_says_how_to_get_it(
     assert cli.main(["analyze", str(tmp_path), "--ray"]) == 2
     out, err = capsys.readouterr()
     assert out == ""
-    assert err == "instrument analyze: error: --ray needs Ray: pip install 'instrument[ray]'\n"
+    assert err == "instrument analyze: error: --ray needs Ray: pip install 'instrument-rl[ray]'\n"
 
 
 @pytest.mark.parametrize(
