@@ -153,3 +153,72 @@ def test_a_save_path_that_is_a_file_says_so(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"is a file, not a directory: '.*profile/run1' \('.*profile' is\)$"):
         ins.ProfilerConfig(save_path=str(afile / "run1"))
     assert ins.ProfilerConfig(save_path=str(tmp_path / "new" / "dir")).save_path.endswith("dir")
+
+
+# ------------------------------------------------------------------------------------- quiet by default (issue 32)
+
+
+def _quick_start_loop(tmp_path: Path, **config: object) -> ins.RunInfo:
+    """The README's quick start on this machine (no CUDA): a real torch.profiler trace of one stage."""
+
+    @ins.profiled_stage("update_actor", scheduled=True)
+    def update(batch: list[range]) -> None:
+        for i, mb in enumerate(batch):
+            with ins.profile_window(mini_batch=i):
+                sum(x * x for x in mb)
+
+    cfg = ins.ProfilerConfig(steps=(1,), ranks=(0,), save_path=str(tmp_path), **config)  # type: ignore[arg-type]
+    run = ins.configure(cfg, role="actor", rank=0, world_size=1)
+    for step in (1, 2):
+        with ins.profile_step(step, last=step == 2):
+            update([range(100)] * 2)
+    assert ins.finish()  # it did record
+    return run
+
+
+def test_the_default_contents_say_nothing_about_cuda(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: the default records it, and there is nothing to warn about either way")
+    caplog.set_level(logging.WARNING, logger="instrument")
+    run = _quick_start_loop(tmp_path)
+    assert _warnings(caplog) == ""  # docs/quickstart.md: profiling is silent
+    assert run.failures == 0
+
+
+def test_cuda_named_without_cuda_is_one_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is here: nothing to warn about")
+    caplog.set_level(logging.WARNING, logger="instrument")
+    _quick_start_loop(tmp_path / "a", contents=["cpu", "cuda"])
+    assert (
+        _warnings(caplog)
+        == "instrument: contents asks for 'cuda' but CUDA is not available here; recording CPU activity only"
+    )
+
+
+def test_the_default_contents_are_remembered_wherever_a_config_goes() -> None:
+    import pickle
+
+    import attrs
+
+    from instrument.config._settings import contents_named
+
+    default, named = ins.ProfilerConfig(), ins.ProfilerConfig(contents=("cpu", "cuda"))
+    assert default == named and default.contents == ("cpu", "cuda") and hash(default) == hash(named)
+    assert repr(default) == repr(named)  # the mark is invisible
+    assert not contents_named(default.contents) and contents_named(named.contents)
+    assert not contents_named(pickle.loads(pickle.dumps(default)).contents)  # to a Ray worker
+    assert not contents_named(attrs.evolve(default, steps=(2,)).contents)
+    assert not contents_named(ins.ProfilerConfig.from_overrides(["steps=[1]"]).contents)
+    assert not contents_named(ins.ProfilerConfig.from_dict({"ranks": [1]}).contents)
+    assert contents_named(ins.ProfilerConfig.from_overrides(["contents=[cpu,cuda]"]).contents)
+    assert not contents_named(default.union(ins.ProfilerConfig(ranks=(1,))).contents)  # neither role named it
+    assert contents_named(default.union(ins.ProfilerConfig(contents=["cpu"])).contents)
+    assert default.union(ins.ProfilerConfig(contents=["cpu"])).contents == ("cpu", "cuda")
+    assert default.intersect(ins.ProfilerConfig(contents=["cpu"])).contents == ("cpu",)

@@ -156,6 +156,25 @@ def _to_memory(value: Any) -> Any:
     return _from_mapping(MemorySnapshots, value, "memory")
 
 
+class _DefaultContents(tuple[str, ...]):
+    """``ProfilerConfig.contents`` the user left out: the same tuple, marked (it survives pickling and
+    ``attrs.evolve``), so a recorder can tell "CUDA when there is one" from a ``cuda`` the user asked for."""
+
+    __slots__ = ()
+
+
+_DEFAULT_CONTENTS = _DefaultContents(("cpu", "cuda"))
+
+
+def contents_named(contents: tuple[str, ...]) -> bool:
+    """Whether ``contents`` (a ``ProfilerConfig``'s, or a trace spec's copy of it) was given, not the default."""
+    return not isinstance(contents, _DefaultContents)
+
+
+def _to_contents(value: Any) -> Any:
+    return value if isinstance(value, _DefaultContents) else to_contents(value)
+
+
 def _optional_instance(cls: type) -> Callable[[Any, attrs.Attribute[Any], Any], None]:
     def check(_instance: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is not None and not isinstance(value, cls):
@@ -178,7 +197,9 @@ class ProfilerConfig:
     save_path: str = attrs.field(default="outputs/profile", converter=to_path, validator=check_path)
     all_ranks: bool = attrs.field(default=False, validator=boolean)
     discrete: bool = attrs.field(default=True, validator=boolean)
-    contents: tuple[str, ...] = attrs.field(default=("cpu", "cuda"), converter=to_contents, validator=check_contents)
+    contents: tuple[str, ...] = attrs.field(
+        default=_DEFAULT_CONTENTS, converter=_to_contents, validator=check_contents
+    )  # the default is marked: contents_named()
     schedule: Schedule | None = attrs.field(
         default=None, converter=_to_schedule, validator=_optional_instance(Schedule)
     )
@@ -396,7 +417,9 @@ _MERGE_RULES: dict[str, Callable[[ProfilerConfig, ProfilerConfig, bool], Any]] =
     "save_path": lambda a, b, union: _same("save_path", a.save_path, b.save_path),
     "discrete": lambda a, b, union: _same("discrete", a.discrete, b.discrete),
     "contents": lambda a, b, union: (
-        [c for c in CONTENTS if (c in a.contents) or (union and c in b.contents)]
+        a.contents  # neither role named it: still the default
+        if not (contents_named(a.contents) or contents_named(b.contents))
+        else [c for c in CONTENTS if (c in a.contents) or (union and c in b.contents)]
         if union
         else [c for c in CONTENTS if c in a.contents and c in b.contents]
     ),

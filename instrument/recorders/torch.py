@@ -27,6 +27,7 @@ import torch.profiler
 from instrument import naming
 from instrument._safe_files import fsynced, new_file, publish_exclusively
 from instrument._warnings import WarnOnce
+from instrument.config._settings import contents_named
 from instrument.naming import TRACE_SUFFIX
 from instrument.recorders import FastRange, FastScope, Publish, Report, TraceSpec
 from instrument.recorders._publish import Finisher, basename_of, publish_as, record_of
@@ -250,7 +251,7 @@ class TorchBackend:
         if "cuda" in contents:
             if torch.cuda.is_available():
                 activities.append(torch.profiler.ProfilerActivity.CUDA)
-            else:
+            elif contents_named(contents):  # the default means "CUDA when there is one": no warning on a CPU box
                 self._warn(
                     "no cuda",
                     "instrument: contents asks for 'cuda' but CUDA is not available here; recording CPU activity only",
