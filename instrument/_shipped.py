@@ -6,9 +6,10 @@ Standard library only.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
-__all__ = ["doc_page", "doc_pages", "example", "examples"]
+__all__ = ["doc_page", "doc_pages", "example", "examples", "for_reading"]
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -50,10 +51,48 @@ def doc_pages() -> dict[str, Path]:
 
 
 def doc_page(name: str) -> str:
-    """The Markdown of page ``name`` (``config``, ``config.md`` or ``docs/config.md``); ``ValueError`` if none."""
+    """The Markdown of page ``name`` (``config``, ``config.md`` or ``docs/config.md``), as the file holds it
+    (see :func:`for_reading`); ``ValueError`` if none."""
     pages = doc_pages()
     found = pages.get(Path(name).name.removesuffix(".md"))
     if found is None:
         listing = ", ".join(pages) or "none are installed"
         raise ValueError(f"no documentation page {name!r} (pages: {listing})")
     return found.read_text(encoding="utf-8")
+
+
+# A fence opens with 3+ backticks (no backtick after them, as CommonMark) or tildes; it closes with 3+ of the same.
+_FENCE = re.compile(r"^ {0,3}(`{3,}(?=[^`]*$)|~{3,})")
+_COMMENT_LINE = re.compile(r"^\s*<!--(?:(?!-->).)*-->\s*$")  # the docs tests' marks: <!-- not run: ... -->
+_IMAGE = re.compile(r"!\[([^\]]*)\]\([^)]*\)")  # ![alt](images/x.png): the wheel ships no images
+
+
+def _closes(line: str, fence: str) -> bool:
+    """Whether ``line`` closes the block ``fence`` opened: only the same character, at least as many."""
+    body = line.strip()
+    return len(body) >= len(fence) and body == fence[0] * len(body)
+
+
+def for_reading(markdown: str) -> str:
+    """A page as ``instrument docs`` shows it: without the test marks (lines that are one HTML comment) and
+    without image links (an image alone on its line goes, one inside text leaves its alt text); fenced
+    blocks stay exactly as written. A line dropped after a blank line takes the blank line after it along."""
+    out: list[str] = []
+    fence = ""  # the open block's fence, "" outside any
+    skip_blank = False
+    for line in markdown.splitlines(keepends=True):
+        if fence:
+            fence = "" if _closes(line, fence) else fence
+            out.append(line)
+            continue
+        opened = _FENCE.match(line)
+        if opened is None and (_COMMENT_LINE.match(line) or _IMAGE.fullmatch(line.strip())):
+            skip_blank = not out or not out[-1].strip()
+            continue
+        if skip_blank and not line.strip():
+            skip_blank = False
+            continue
+        skip_blank = False
+        fence = opened.group(1) if opened else ""
+        out.append(line if fence else _IMAGE.sub(r"\1", line))
+    return "".join(out)

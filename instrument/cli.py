@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from instrument._shipped import doc_page, doc_pages, example, examples
+from instrument._shipped import doc_page, doc_pages, example, examples, for_reading
 from instrument._version import __version__
 from instrument.config._cli import load_config
 from instrument.plan import RunPlan, StageSpec, count, int_runs, plan_run
@@ -225,7 +225,7 @@ def _plan_text(run: RunPlan) -> str:
 
 def _run_docs(args: argparse.Namespace) -> int:
     if args.page is not None:
-        sys.stdout.write(doc_page(args.page))
+        sys.stdout.write(for_reading(doc_page(args.page)))  # without the docs tests' marks and image links
         return 0
     pages = doc_pages()
     if not pages:

@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from instrument._shipped import doc_pages, for_reading
 from instrument.cli import main
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -202,7 +205,7 @@ def test_docs_lists_the_pages_and_prints_one(capsys: pytest.CaptureFixture[str])
     listing = capsys.readouterr().out
     assert "config         Configuration" in listing and "quickstart     Quick start" in listing
     assert main(["docs", "config"]) == 0
-    assert capsys.readouterr().out == (EXAMPLES.parent / "docs" / "config.md").read_text(encoding="utf-8")
+    assert capsys.readouterr().out == for_reading((EXAMPLES.parent / "docs" / "config.md").read_text(encoding="utf-8"))
     assert main(["docs", "docs/schedule.md"]) == 0  # the path the repository's links use works too
     assert capsys.readouterr().out.startswith("# Schedules")
     assert main(["docs", "nope"]) == 2
@@ -218,3 +221,101 @@ def test_help_points_to_what_an_installed_user_has(capsys: pytest.CaptureFixture
     text = capsys.readouterr().out
     assert "--example verl_ppo" in text and "instrument docs config" in text
     assert "docs/config.md" not in text and "examples/" not in text
+
+
+# ---------------------------------------------------------------------- a page as a reader sees it (issue 32)
+
+_MARKED = """\
+# Page
+
+Text with ![a picture](images/x.png) inline.
+
+<!-- not run: a GPU -->
+```console
+$ make test-gpu
+<!-- kept: inside a block -->
+![kept](images/y.png)
+```
+
+![stage time per rank](images/analyze-demo.png)
+
+The marks are `<!-- run: WORDS -->` in text.
+<!--run:exit=2-->
+````text
+```
+still inside
+````
+"""
+
+_READ = """\
+# Page
+
+Text with a picture inline.
+
+```console
+$ make test-gpu
+<!-- kept: inside a block -->
+![kept](images/y.png)
+```
+
+The marks are `<!-- run: WORDS -->` in text.
+````text
+```
+still inside
+````
+"""
+
+
+def test_a_page_is_shown_without_its_marks_and_image_links() -> None:
+    assert for_reading(_MARKED) == _READ
+    assert for_reading(_READ) == _READ
+
+
+def _split(markdown: str) -> tuple[list[str], list[str]]:
+    """The fenced blocks of a page, fences included (``` or ~~~, closed by the same, at least as long), and
+    the lines outside them."""
+    blocks: list[str] = []
+    outside: list[str] = []
+    current: list[str] = []
+    fence = ""
+    for line in markdown.splitlines():
+        bare = line.strip()
+        if not fence and (bare.startswith("```") or bare.startswith("~~~")):
+            fence = bare[: len(bare) - len(bare.lstrip(bare[0]))]
+            current = [line]
+        elif fence:
+            current.append(line)
+            if bare and bare == fence[0] * len(bare) and len(bare) >= len(fence):
+                blocks.append("\n".join(current))
+                fence = ""
+        else:
+            outside.append(line)
+    return blocks, outside
+
+
+@pytest.mark.parametrize("name", sorted(doc_pages()))
+def test_every_page_prints_without_marks_or_images_and_its_blocks_whole(
+    name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["docs", name]) == 0
+    shown = capsys.readouterr().out
+    blocks, outside = _split(shown)
+    assert not [line for line in outside if line.strip().startswith("<!--")]
+    assert not [line for line in outside if "![" in line or "](images/" in line]
+    assert blocks == _split(doc_pages()[name].read_text(encoding="utf-8"))[0]  # the commands a reader copies
+    assert shown.startswith("# ")
+
+
+_LINES = st.sampled_from(
+    ["", "text", "```", "````", "~~~", "```python", "<!-- not run: x -->", "![alt](images/a.png)", "a ![b](c) d",
+     "`<!-- run: slow -->` inline", "  indented", "```` ```"]
+)  # fmt: skip
+
+
+@given(st.lists(_LINES, max_size=30))
+def test_reading_twice_changes_nothing_more_and_plain_text_is_untouched(lines: list[str]) -> None:
+    page = "\n".join(lines) + "\n"
+    once = for_reading(page)
+    assert for_reading(once) == once
+    if not any("<!--" in line or "![" in line for line in lines):
+        assert once == page
