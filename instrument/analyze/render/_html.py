@@ -38,7 +38,7 @@ from instrument.analyze.render._tables import (
     summary,
     table_rows,
 )
-from instrument.analyze.render._timeline_html import timeline_section
+from instrument.analyze.render._timeline_html import DIV_ID, MIN_WIDTH_PX, timeline_section
 from instrument.analyze.render._words import ms, plural
 
 __all__ = ["MAX_LINKED_FILES", "write_html"]
@@ -46,11 +46,20 @@ __all__ = ["MAX_LINKED_FILES", "write_html"]
 MAX_LINKED_FILES = 2000
 """Trace files the page links (the rest are counted): a link a file keeps the page small at thousands of ranks."""
 
-_CSS = """
-body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; }
-table { border-collapse: collapse; margin: 12px 0; }
+# The page never scrolls sideways: a table wider than the window scrolls in its own box (div.table), long cells of
+# words wrap (td.w, th, the run's facts), the chart keeps MIN_WIDTH_PX in a box of its own, long words break.
+_CSS = (
+    """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 24px; color: #222; overflow-wrap: break-word; }
+div.table { overflow-x: auto; margin: 12px 0; }
+table { border-collapse: collapse; }
 th, td { padding: 3px 9px; border-bottom: 1px solid #ddd; white-space: nowrap; }
-th { background: #f3f3f3; text-align: left; }
+th { background: #f3f3f3; text-align: left; white-space: normal; vertical-align: bottom; }
+td.w, table.facts td { white-space: normal; min-width: 14em; }
+div.timeline { overflow-x: auto; }
+"""
+    + f"#{DIV_ID} {{ min-width: {MIN_WIDTH_PX}px; }}"
+    + """
 td.n { text-align: right; font-variant-numeric: tabular-nums; }
 tr.warn td { background: #fff6d6; } tr.bad td { background: #fde0dc; }
 img { max-width: 100%; border: 1px solid #ddd; }
@@ -60,6 +69,7 @@ table.facts th { background: none; font-weight: 600; } table.ops td { vertical-a
 details summary h2 { display: inline; } a { color: #1f5fa8; }
 .sw { display: inline-block; width: .8em; height: .8em; margin-right: 6px; border-radius: 2px; vertical-align: -1px; }
 """
+)
 
 
 def _td(cell: str, header: str) -> str:
@@ -75,8 +85,8 @@ def _gpu_section(report: Report) -> str:
     head = "".join(f"<th>{esc(h)}</th>" for h in GPU_HEADERS)
     body = "".join("<tr>" + "".join(_td(c, h) for c, h in zip(r, GPU_HEADERS, strict=True)) + "</tr>" for r in rows)
     return (
-        f'<h2>GPU time per rank</h2>\n<table class="gpu"><thead><tr>{head}</tr></thead><tbody>\n{body}\n'
-        f'</tbody></table>\n<p class="note">{esc(GPU_LEGEND)}</p>\n'
+        f'<h2>GPU time per rank</h2>\n<div class="table"><table class="gpu"><thead><tr>{head}</tr></thead><tbody>\n'
+        f'{body}\n</tbody></table></div>\n<p class="note">{esc(GPU_LEGEND)}</p>\n'
     )
 
 
@@ -93,7 +103,8 @@ def _gpu_details_section(report: Report) -> str:
         head = "".join(f"<th>{esc(h)}</th>" for h in columns)
         body = "".join("<tr>" + "".join(_td(c, h) for c, h in zip(r, columns, strict=True)) + "</tr>" for r in rows)
         out.append(
-            f"<h2>{esc(title)}</h2>\n<table><thead><tr>{head}</tr></thead><tbody>\n{body}\n</tbody></table>\n"
+            f'<h2>{esc(title)}</h2>\n<div class="table"><table><thead><tr>{head}</tr></thead><tbody>\n{body}\n'
+            "</tbody></table></div>\n"
             f'<p class="note">{esc(legend)}</p>\n'
         )
     return "".join(out)
@@ -117,7 +128,7 @@ def _memory_section(report: Report, here: Path) -> str:
         cells = [f"<td>{html.escape(c)}</td>" for c in row[:-1]] + [f"<td>{_link(f.path, here)}</td>"]
         body.append("<tr>" + "".join(cells) + "</tr>")
     note = html.escape(HOW_TO_OPEN)
-    table = f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
+    table = f'<div class="table"><table><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
     return f'<h2>Memory files</h2>\n{table}\n<p class="note">{note}</p>\n'
 
 
@@ -165,7 +176,7 @@ def _run_section(report: Report) -> str:
         facts.append(("also", ", ".join(special)))
     facts.append(("manifests", str(run.manifests)))
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
-    return f'<h2>Run</h2>\n<table class="facts"><tbody>{body}</tbody></table>\n'
+    return f'<h2>Run</h2>\n<div class="table"><table class="facts"><tbody>{body}</tbody></table></div>\n'
 
 
 def _ops_section(report: Report, colors: dict[tuple[str, str], str], here: Path) -> str:
@@ -194,7 +205,8 @@ def _ops_section(report: Report, colors: dict[tuple[str, str], str], here: Path)
         " rank in its last step"
     )
     return (
-        f'<h2>Top ops per stage</h2>\n<table class="ops"><thead>{head}</thead><tbody>{"".join(body)}</tbody></table>\n'
+        f'<h2>Top ops per stage</h2>\n<div class="table"><table class="ops"><thead>{head}</thead><tbody>'
+        f"{''.join(body)}</tbody></table></div>\n"
         f'<p class="note">{esc(note)}</p>\n'
     )
 
@@ -268,9 +280,9 @@ def write_html(report: Report, path: str | os.PathLike[str]) -> Path:
 <p><code>{esc(report.directory)}</code></p>
 {notes_html}
 {_run_section(report)}{timeline_section(report, colors)}<h2>Stages</h2>
-<table><thead><tr>{head}</tr></thead><tbody>
+<div class="table"><table><thead><tr>{head}</tr></thead><tbody>
 {"".join(body)}
-</tbody></table>
+</tbody></table></div>
 {_ops_section(report, colors, here)}{_gpu_section(report)}{_gpu_details_section(report)}
 {_memory_section(report, here)}{_skipped_section(report)}{_files_section(report, here)}
 <h2>Picture</h2>

@@ -9,7 +9,10 @@ The merged trace (``--merged-trace``) keeps every rank.
 
 from __future__ import annotations
 
+import itertools
+from bisect import bisect_left
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from instrument.analyze.model import Report, TimelineLane
@@ -22,6 +25,7 @@ __all__ = [
     "lane_labels",
     "nesting_depths",
     "steps_within",
+    "thin_labels",
     "timeline_view",
 ]
 
@@ -161,3 +165,50 @@ def lane_labels(lanes: tuple[TimelineLane, ...]) -> dict[int, str]:
     return {
         id(lane): lane.label if twins[lane.role, lane.rank] == 1 else f"{lane.label} pid {lane.pid}" for lane in lanes
     }
+
+
+def _roundness(step: int) -> int:
+    """The largest of 1, 2, 5, 10, 20, 50, ... that divides ``step`` (0 is the roundest)."""
+    if step == 0:
+        return 10**18
+    best, nice = 1, [1, 2, 5]
+    while nice[0] <= abs(step):
+        best = max([best] + [n for n in nice if step % n == 0])
+        nice = [n * 10 for n in nice]
+    return best
+
+
+def _place(order: list[int], centers: Sequence[float], widths: Sequence[float], gap: float) -> list[int]:
+    """Each label of ``order`` in turn where it overlaps none already placed: the indexes placed."""
+    lefts: list[float] = []  # the placed labels' extents, in order: they never overlap, so rights are in order too
+    rights: list[float] = []
+    placed: list[int] = []
+    for i in order:
+        left, right = centers[i] - widths[i] / 2, centers[i] + widths[i] / 2
+        at = bisect_left(lefts, left)
+        if (at > 0 and rights[at - 1] + gap > left) or (at < len(lefts) and right + gap > lefts[at]):
+            continue
+        lefts.insert(at, left)
+        rights.insert(at, right)
+        placed.append(i)
+    return placed
+
+
+def thin_labels(steps: Sequence[int], centers: Sequence[float], widths: Sequence[float], gap: float = 0.0) -> list[int]:
+    """Which step labels to draw so that no two overlap: the indexes into ``steps`` (centres and widths in one
+    unit, e.g. pixels; ``gap`` the least room between two).
+
+    The first step is labelled; then every k-th step, the least k of 1, 2, 5, 10, 20, ... whose multiples all
+    fit; then any other step that still fits, the roundest numbers first. So evenly spread steps get evenly
+    spread labels (1, 5, 10, 15, 20), a long step among short ones keeps its own, and every label left out would
+    overlap one drawn."""
+    by_position = sorted(range(len(steps)), key=lambda i: (centers[i], i))
+    largest = max((abs(s) for s in steps), default=0)
+    multiples: list[int] = []
+    for stride in (m * 10**e for e in itertools.count() for m in (1, 2, 5)):
+        multiples = [i for i in by_position if steps[i] % stride == 0]
+        if stride > largest or len(_place(multiples, centers, widths, gap)) == len(multiples):
+            break
+    rest = sorted(by_position, key=lambda i: -_roundness(steps[i]))  # stable: by position within a roundness
+    order = dict.fromkeys([0, *multiples, *rest] if steps else [])  # each once, the first of its places
+    return sorted(_place(list(order), centers, widths, gap))

@@ -12,13 +12,22 @@ few lanes. Without plotly the section says how to get it; the page is written al
 from __future__ import annotations
 
 import html
+import re
+import textwrap
 from typing import Any
 
 from instrument.analyze.model import Report
-from instrument.analyze.render._lanes import DrawnLane, TimelineView, nesting_depths, steps_within, timeline_view
+from instrument.analyze.render._lanes import (
+    DrawnLane,
+    TimelineView,
+    nesting_depths,
+    steps_within,
+    thin_labels,
+    timeline_view,
+)
 from instrument.analyze.render._timeline import STEP_HEADERS, findings_lines, step_rows
 
-__all__ = ["DIV_ID", "MAX_BARS", "timeline_figure", "timeline_section"]
+__all__ = ["DIV_ID", "MAX_BARS", "MIN_WIDTH_PX", "cell", "timeline_figure", "timeline_section"]
 
 DIV_ID = "instrument-timeline"
 """The id of the timeline's element in the page."""
@@ -29,7 +38,15 @@ _STEP_COLOR = "#e4e4e4"  # a lane's step span: the grey left where it ran no sta
 _WIDTHS = (0.72, 0.46, 0.26)  # bar height by nesting depth: a stage inside another shows inside it
 _LANE_PX = 30  # enough for plotly to print every lane's label
 _LEGEND_PER_ROW = 5  # legend entries a row holds (at least, on a laptop-wide page)
-_STEP_LABELS = 24  # steps labelled above the plot at most (every k-th past that)
+MIN_WIDTH_PX = 900
+"""The chart's least width: a narrower window scrolls the chart in its own box, so the step labels thinned for
+this width never overlap (a wider window only spreads them)."""
+_MARGIN_R = 20
+# Upper bounds of a character's width in px, for plotly's fonts (Open Sans, else Verdana, Arial): a lane label
+# (12 px) and a step label (10 px). Too wide only thins the labels more; too narrow would let them overlap.
+_LANE_CHAR_PX, _STEP_CHAR_PX, _STEP_FONT = 7.5, 6.5, 10
+_LABEL_GAP_PX = 8
+_TITLE_CHARS = 110  # a title line's characters (13 px) that fit in MIN_WIDTH_PX
 
 
 def timeline_figure(view: TimelineView, colors: dict[tuple[str, str], str], max_bars: int = MAX_BARS) -> dict[str, Any]:
@@ -74,18 +91,37 @@ def timeline_figure(view: TimelineView, colors: dict[tuple[str, str], str], max_
             }
         )
     labels = [drawn.label for drawn in view.lanes]
-    shapes, annotations = _shading(view, kept)
     drawn_steps = [s for s in view.steps if s[0] in kept]
     title = view.caption
     if len(drawn_steps) < n_steps:
         title += f"; steps {drawn_steps[0][0]}-{drawn_steps[-1][0]} of {n_steps} drawn (the first {max_bars:,} bars)"
+    lines = textwrap.wrap(title, _TITLE_CHARS) or [""]  # plotly never wraps a title: a long one would be cut
+    top = 46 + 17 * len(lines)  # the title's lines, then the step labels
+    # the plot's least width: the chart's, less the lane labels' margin (plotly's automargin, at least 80 px)
+    margin_l = max(80.0, _LANE_CHAR_PX * max(map(len, labels), default=0) + 12)
+    plot_px = max(MIN_WIDTH_PX - _MARGIN_R - margin_l, 120.0)  # lane labels past ~100 characters: fewer step labels
+    x_range, annotations = _step_labels(drawn_steps, _extent(data), plot_px)
     bottom = 70 + 22 * -(-len(data) // _LEGEND_PER_ROW)  # the axis title, then the legend's rows
     layout = {
-        "title": {"text": html.escape(title), "font": {"size": 13}, "x": 0.01, "xanchor": "left"},
+        "title": {
+            "text": "<br>".join(html.escape(line) for line in lines),
+            "font": {"size": 13},
+            "x": 0.01,
+            "xanchor": "left",
+            "yref": "container",
+            "y": 1,
+            "yanchor": "top",
+            "pad": {"t": 12},
+        },
         "barmode": "overlay",
-        "height": 70 + max(120, _LANE_PX * len(labels)) + bottom,  # the lanes keep their room whatever the legend
+        "height": top + max(120, _LANE_PX * len(labels)) + bottom,  # the lanes keep their room whatever the legend
         "hovermode": "closest",
-        "xaxis": {"title": {"text": "ms since the first span"}, "zeroline": False, "showgrid": True},
+        "xaxis": {
+            "title": {"text": "ms since the first span"},
+            "zeroline": False,
+            "showgrid": True,
+            "range": x_range,  # set, not autoranged: the step labels are thinned for it
+        },
         "yaxis": {
             "type": "category",
             "categoryorder": "array",
@@ -94,11 +130,11 @@ def timeline_figure(view: TimelineView, colors: dict[tuple[str, str], str], max_
             "automargin": True,
             "showgrid": False,
         },
-        "shapes": shapes,
+        "shapes": _shading(view, drawn_steps),
         "annotations": annotations,
         # under the axis title whatever the plot's height: placed in the figure's frame, not the plot's
         "legend": {"orientation": "h", "yref": "container", "y": 0.0, "yanchor": "bottom", "font": {"size": 11}},
-        "margin": {"t": 70, "r": 20, "b": bottom},
+        "margin": {"t": top, "r": _MARGIN_R, "b": bottom},
         "plot_bgcolor": "white",
     }
     return {"data": data, "layout": layout}
@@ -135,12 +171,52 @@ def _lane_bars(
         columns["depth"].append(depth)
 
 
-def _shading(view: TimelineView, kept: set[int]) -> tuple[list[Any], list[Any]]:
-    """Every other step shaded (a label above), role bands tinted in turn and a line between roles."""
+def _extent(data: list[dict[str, Any]]) -> tuple[float, float]:
+    """The first start and the last end of the bars, in ms."""
+    starts = [base for trace in data for base in trace["base"]]
+    ends = [base + length for trace in data for base, length in zip(trace["base"], trace["x"], strict=True)]
+    return (min(starts), max(ends)) if starts else (0.0, 1.0)
+
+
+def _step_labels(
+    steps: list[tuple[int, int, int]], extent: tuple[float, float], plot_px: float
+) -> tuple[list[float], list[dict[str, Any]]]:
+    """The time axis's range and the step labels above the plot: as many as fit in ``plot_px`` without two
+    overlapping (:func:`~._lanes.thin_labels`), each saying its step's time on hover.
+
+    The range pads the extent by half a label's width each side, so a label over the first or last step stays
+    inside the plot."""
+    texts = [f"step {step}" for step, _, _ in steps]
+    widths = [_STEP_CHAR_PX * len(text) for text in texts]
+    low, high = extent
+    span = max(high - low, 1e-3)
+    room = max(plot_px - max(widths, default=0.0), plot_px / 2)  # the px the extent itself is drawn on
+    pad = span * (plot_px / room - 1) / 2
+    x0 = low - pad
+    px_per_ms = plot_px / (span + 2 * pad)
+    centers = [((start + end) / 2e6 - x0) * px_per_ms for _, start, end in steps]
+    annotations = []
+    for i in thin_labels([s for s, _, _ in steps], centers, widths, _LABEL_GAP_PX):
+        step, start, end = steps[i]
+        annotations.append(
+            {
+                "x": (start + end) / 2e6,
+                "y": 1,
+                "xref": "x",
+                "yref": "paper",
+                "yanchor": "bottom",
+                "text": texts[i],
+                "hovertext": f"step {step}: {(end - start) / 1e6:,.3f} ms, from {start / 1e6:,.3f} ms",
+                "showarrow": False,
+                "font": {"size": _STEP_FONT, "color": "#555"},
+            }
+        )
+    return [round(x0, 3), round(high + pad, 3)], annotations
+
+
+def _shading(view: TimelineView, steps: list[tuple[int, int, int]]) -> list[Any]:
+    """Every other step shaded, role bands tinted in turn and a line between roles."""
     shapes: list[dict[str, Any]] = []
-    annotations: list[dict[str, Any]] = []
-    steps = [s for s in view.steps if s[0] in kept]
-    every = max(1, -(-len(steps) // _STEP_LABELS))
     for i, (step, start, end) in enumerate(steps):
         x0, x1 = start / 1e6, end / 1e6
         shapes.append(
@@ -158,19 +234,6 @@ def _shading(view: TimelineView, kept: set[int]) -> tuple[list[Any], list[Any]]:
                 "name": f"step {step}",
             }
         )
-        if i % every == 0:
-            annotations.append(
-                {
-                    "x": (x0 + x1) / 2,
-                    "y": 1,
-                    "xref": "x",
-                    "yref": "paper",
-                    "yanchor": "bottom",
-                    "text": f"step {step}",
-                    "showarrow": False,
-                    "font": {"size": 10, "color": "#555"},
-                }
-            )
     first = 0
     for j, role in enumerate(view.roles):
         count = sum(1 for drawn in view.lanes if drawn.lane.role == role)
@@ -207,7 +270,7 @@ def _shading(view: TimelineView, kept: set[int]) -> tuple[list[Any], list[Any]]:
                 }
             )
         first = last + 1
-    return shapes, annotations
+    return shapes
 
 
 _CONFIG = {
@@ -220,11 +283,20 @@ _CONFIG = {
 }
 
 
+_NUMBER = re.compile(r"[-+]?[\d,.]+ ?%?|-")
+_LONG_CELL = 24  # characters: a longer cell of words may wrap (a critical path, the idle by role)
+
+
+def cell(text: str) -> str:
+    """One ``<td>``: a number right-aligned, a long cell of words free to wrap, a short one kept on its line."""
+    css = ' class="n"' if _NUMBER.fullmatch(text) else ' class="w"' if len(text) > _LONG_CELL else ""
+    return f"<td{css}>{html.escape(text)}</td>"
+
+
 def _table(headers: tuple[str, ...], rows: list[list[str]]) -> str:
-    esc = html.escape
-    head = "".join(f"<th>{esc(h)}</th>" for h in headers)
-    body = "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>\n"
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(cell(c) for c in row) + "</tr>" for row in rows)
+    return f'<div class="table"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>\n'
 
 
 def timeline_section(report: Report, colors: dict[tuple[str, str], str]) -> str:

@@ -58,7 +58,7 @@ def probe(page: Path, script: str, tmp_path: Path, *, window: str = "1300,2400")
     ]
     env = {**os.environ, "HOME": str(tmp_path)}
     dump = subprocess.run(
-        [*base, "--dump-dom", probed.as_uri()],
+        [*base, f"--window-size={window}", "--dump-dom", probed.as_uri()],  # the layout the screenshot shows
         capture_output=True,
         text=True,
         timeout=_HANG_GUARD_S,
