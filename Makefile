@@ -45,13 +45,12 @@ test-gpu:
 	@test -x $(BIN)/python || { echo "make test-gpu: no $(VENV); see docs/quickstart.md, GPU checks" >&2; exit 2; }
 	$(BIN)/python -m pytest -m gpu
 
-# The main job: a small profiled PPO loop on the CPU, examples/ppo_demo.py (its scratch folder is cleared first).
+# The main job: a profiled PPO loop on 4 gloo processes on the CPU, 2 actor and 2 rollout ranks, rollout rank 3
+# planted slower; the analysis shows who waited for whom across the roles (examples/ppo_demo_multi.py; its scratch
+# folder is cleared first). One process, as before: python examples/ppo_demo.py.
 demo: $(STAMP)
 	rm -rf outputs/demo
-	$(BIN)/instrument plan --config examples/demo.yaml --num-steps 4 --mini-batches 6 --role actor_rollout_ref \
-		--stage generate_sequences --stage compute_log_prob --stage compute_ref_log_prob --stage critic:compute_values \
-		--stage critic:update_critic:scheduled --stage update_actor:scheduled
-	$(BIN)/python examples/ppo_demo.py --config examples/demo.yaml --num-steps 4
+	$(BIN)/python examples/ppo_demo_multi.py --config examples/demo.yaml --num-steps 8 'ranks=[0,3]'
 	$(BIN)/instrument analyze outputs/demo/profile --html outputs/demo/analysis.html
 
 # The same loop with verl-style Ray worker groups (actor_rollout_ref and critic, two ranks each).
