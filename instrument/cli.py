@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import select
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -253,7 +255,47 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``instrument`` console script; returns the exit status."""
+    """Entry point of the ``instrument`` console script; returns the exit status.
+
+    A reader that stops early (``instrument compare A B | head -3``) ends any command quietly, with 0.
+    """
+    try:
+        try:
+            return _command(argv)
+        finally:  # argparse's --help exits too
+            sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit, where it could only be printed
+    except BrokenPipeError as exc:
+        if not _reader_left():  # a socket's (rollout's servers), not stdout's: an error as any other
+            print(f"instrument: error: {exc}", file=sys.stderr)
+            return 2
+        _stdout_to_devnull()
+        return 0
+
+
+def _reader_left() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR on its write end)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _fd, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll (Windows), or no file behind stdout (a test's capture)
+        return True  # the error came from stdout's write: its reader left
+
+
+def _stdout_to_devnull() -> None:
+    """What stdout still holds goes nowhere: the interpreter's flush at exit finds a file that takes it (the
+    recipe of Python's signal module docs, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        finally:
+            os.close(devnull)
+    except (AttributeError, OSError, ValueError):  # no file behind stdout: nothing is flushed to it at exit
+        pass
+
+
+def _command(argv: Sequence[str] | None) -> int:
     parser = _build_parser()
     args = parser.parse_args(argv)
     try:
@@ -273,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from instrument.analyze import _compare_cli as compare_cli
 
             return compare_cli.main_from_args(args)
+    except BrokenPipeError:
+        raise  # main decides: stdout's reader left, or a socket broke
     except (ValueError, TypeError, OSError) as exc:
         print(f"instrument {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -319,3 +321,105 @@ def test_reading_twice_changes_nothing_more_and_plain_text_is_untouched(lines: l
     assert for_reading(once) == once
     if not any("<!--" in line or "![" in line for line in lines):
         assert once == page
+
+
+# ---------------------------------------------------------------------- a reader that stops early (issue 32)
+
+_A_RUN = """\
+import sys
+import instrument as ins
+
+stages = [ins.profiled_stage(f"stage_{i:02d}") for i in range(24)]  # enough rows for a compare --json of 5+ KB
+ins.configure(ins.ProfilerConfig(tool="none", save_path=sys.argv[1]), role="actor", rank=0, world_size=1)
+for step in range(1, 31):
+    with ins.profile_step(step, last=step == 30):
+        for stage in stages:
+            with stage:
+                sum(range(200))
+ins.finish()
+"""
+_READ_BYTES = 16
+
+
+def _runs(where: Path) -> None:
+    """Two real runs (the step timeline only: no profiler) for analyze and compare to read."""
+    for name in ("base", "cand"):
+        run = [sys.executable, "-c", _A_RUN, str(where / name)]
+        done = subprocess.run(run, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+
+
+def _into_a_reader_that_leaves(command: list[str], cwd: Path, read: int) -> tuple[int, str, int]:
+    """Run ``instrument COMMAND`` with stdout a pipe of one page; read ``read`` bytes of it and close it (0: its
+    read end is closed before the command starts). Returns the exit status, stderr and the pipe's capacity."""
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, fcntl.F_SETPIPE_SZ, 4096)  # the smallest: a few KB of output fill it
+    capacity = fcntl.fcntl(writer, fcntl.F_GETPIPE_SZ)
+    if not read:
+        os.close(reader)
+    try:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "instrument", *command], stdout=writer, stderr=subprocess.PIPE, cwd=cwd, text=True
+        )
+    finally:
+        os.close(writer)
+    if read:
+        got = b""
+        while len(got) < read and (chunk := os.read(reader, read - len(got))):
+            got += chunk
+        assert len(got) == read  # the command began writing
+        os.close(reader)
+    _out, err = child.communicate(timeout=HANG_GUARD_S)
+    return child.returncode, err, capacity
+
+
+HANG_GUARD_S = 300  # only against a hang: the assertions are about exit statuses and stderr
+_LARGE = {  # what each command prints is larger than the pipe and the bytes read: a write after the close fails
+    "plan": ["plan", "--num-steps", "2000", "--world-size", "64", "--json"],
+    "docs PAGE": ["docs", "config"],
+    "analyze": ["analyze", "base", "--no-png"],
+    "analyze --json": ["analyze", "base", "--no-png", "--json"],
+    "compare --json": ["compare", "base", "cand", "--json"],
+}
+_SMALL = {  # a few lines: the reader is gone before the first
+    "docs": ["docs"],
+    "--help": ["--help"],
+    "compare": ["compare", "base", "cand"],
+    "rollout": ["rollout", "launch-args", "--profiler-dir", "vllm-prof"],
+    "plan (text)": ["plan", "--num-steps", "4"],
+}
+
+
+def _whole(command: list[str], cwd: Path) -> subprocess.CompletedProcess[bytes]:
+    """The command with nothing closing early: what it prints, and the stderr it has anyway."""
+    done = subprocess.run([sys.executable, "-m", "instrument", *command], cwd=cwd, capture_output=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="sets a pipe's size (Linux)")
+def test_a_reader_that_stops_early_ends_plan_quietly(tmp_path: Path) -> None:
+    status, err, capacity = _into_a_reader_that_leaves(_LARGE["plan"], tmp_path, _READ_BYTES)
+    assert (status, err) == (0, "")
+    assert len(_whole(_LARGE["plan"], tmp_path).stdout) > capacity + _READ_BYTES  # so the pipe really broke
+    assert _into_a_reader_that_leaves(_SMALL["docs"], tmp_path, 0)[:2] == (0, "")
+
+
+@pytest.mark.slow  # two runs and twenty commands, each a fresh interpreter: ~30 s
+@pytest.mark.skipif(not hasattr(fcntl, "F_SETPIPE_SZ"), reason="sets a pipe's size (Linux)")
+def test_a_reader_that_stops_early_ends_every_command_quietly(tmp_path: Path) -> None:
+    """Exit 0 and no more on stderr than the command says anyway (no "Broken pipe", no "Exception ignored")."""
+    _runs(tmp_path)
+    results, expected = {}, {}
+    for name, command in {**_LARGE, **_SMALL}.items():
+        whole = _whole(command, tmp_path)
+        expected[name] = expected[f"{name}, no reader"] = (0, whole.stderr.decode())
+        if name in _LARGE:
+            status, err, capacity = _into_a_reader_that_leaves(command, tmp_path, _READ_BYTES)
+            assert len(whole.stdout) > capacity + _READ_BYTES, name  # so the pipe really broke
+            results[name] = (status, err)
+        else:
+            del expected[name]
+        status, err, _ = _into_a_reader_that_leaves(command, tmp_path, 0)
+        results[f"{name}, no reader"] = (status, err)
+    assert results == expected
