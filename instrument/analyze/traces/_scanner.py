@@ -46,6 +46,11 @@ _MINI_BATCH = re.compile(r"mini_batch(\d+)\Z")
 # profiler row ("ProfilerStep#3", "Optimizer.step#Adam.step").
 _STAGE_LIKE = re.compile(r"[A-Za-z_][A-Za-z0-9_.=+-]*\Z")
 _GPU_OTHER = frozenset({"gpu_memcpy", "gpu_memset", "cuda_runtime", "cuda_driver"})  # GPU work and launches
+MAX_US = (1 << 62) / 1000
+"""Most µs an event's start or end may be from 0: what a signed 64-bit ns column holds (~146 years). An
+event past it, or whose ``ts`` or ``dur`` is not finite (``NaN``, ``Infinity``: Python's json writes them),
+has a time no clock could give: it is left out, counted in a note (never a traceback where it is made an
+integer or a bound)."""
 
 
 class Scanner:
@@ -81,6 +86,7 @@ class Scanner:
         self.kernel_us = 0.0
         self.kernels = 0
         self.events = 0
+        self.unplaced = 0  # events left out: a time no clock could give (MAX_US)
         self.first = float("inf")
         self.last = float("-inf")
         # continuous / inside / engine only: where every event and kernel falls
@@ -125,6 +131,7 @@ class Scanner:
         first, last = self.first, self.last
         kernel_us, kernels = self.kernel_us, self.kernels
         categories = self.categories
+        low, high, unplaced = -MAX_US, MAX_US, 0
         for ev in events:
             ph = ev.get("ph")
             if ph != "X":
@@ -133,11 +140,15 @@ class Scanner:
                 ev = self._paired(ev, ph)  # noqa: PLW2901 - an E closing a B stands for the whole range
                 if ev is None:
                     continue
-            count += 1
             ts = ev.get("ts")
             if ts is None:
+                count += 1
                 continue
             end = ts + (ev.get("dur") or 0)
+            if not (low < ts < high and low < end < high):  # False for NaN too
+                unplaced += 1
+                continue
+            count += 1
             if ts < first:  # noqa: PLR1730 - a comparison is cheaper than a call to min() here
                 first = ts
             if end > last:  # noqa: PLR1730
@@ -193,6 +204,7 @@ class Scanner:
                 if kind == 5:
                     self._execution(str(name), ts, end)
         self.events += count
+        self.unplaced += unplaced
         self.categories = categories
         self.first, self.last = first, last
         self.kernel_us, self.kernels = kernel_us, kernels
@@ -218,6 +230,11 @@ class Scanner:
 
     def finish(self) -> list[Segment]:
         """The file's segments: one per stage (and step) it holds, with their numbers."""
+        if self.unplaced:
+            self.notes.append(
+                f"{self.unplaced:,} event(s) left out: a ts or dur not finite or past {MAX_US:.3g} µs "
+                "(no clock gives such a time)"
+            )
         if not self.events:
             self.notes.append("no duration events (complete X events or B/E pairs): nothing to measure")
             return []

@@ -30,7 +30,6 @@ Only what was traced is there: the profiled steps and ranks, the traced stages (
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ _ENGINE_STAGES = frozenset({"engine", "frontend"})
 _UNKNOWN_HOST = ""
 _MAX_STEP = 1 << 32
 _MAX_NS = 1 << 62  # what a signed 64-bit column holds, with room for the differences taken from it
+_MAX_US = _MAX_NS / 1000
 
 
 @dataclass
@@ -90,7 +90,8 @@ def _step(step: int | None) -> bool:
 
 def _range(base: int, start_us: float, end_us: float) -> tuple[int, int] | None:
     """``(start, end)`` in ns on the host's clock; ``None`` for a range no clock could give (forged)."""
-    if not (math.isfinite(start_us) and math.isfinite(end_us)) or end_us < start_us:
+    # bounded before it is scaled: 1e306 µs is finite, its ns are not, and round() of them raises
+    if not -_MAX_US < start_us <= end_us < _MAX_US:  # False for NaN too
         return None
     start, end = base + round(start_us * 1000), base + round(end_us * 1000)
     return (start, end) if start > -_MAX_NS and end < _MAX_NS else None
