@@ -295,7 +295,8 @@ class ProfilerConfig:
             if op == ADD and present:
                 raise ValueError(f"{override!r} adds {key!r}, which is already set; '++{key}=...' sets it either way")
             _verl.set_key(tree, key, value)
-        return cls._from_flat(list(tree.items()), role)
+        # without a base the overrides stand for verl's composed ppo_trainer (its rollout follows the actor)
+        return cls._from_flat(list(tree.items()), role, composed=base is None)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str], overrides: Iterable[str] = ()) -> ProfilerConfig:
@@ -308,11 +309,14 @@ class ProfilerConfig:
         return _config_file.load(path, overrides, cls.from_overrides)
 
     @classmethod
-    def _from_flat(cls, items: list[tuple[str, Any]], role: str | None = None) -> ProfilerConfig:
+    def _from_flat(
+        cls, items: list[tuple[str, Any]], role: str | None = None, composed: bool = False
+    ) -> ProfilerConfig:
         for key, value in items:
             if not _verl.skippable(key, value):
                 _check_key(key)
-        return _verl.combine([(label, cls._from_items(view)) for label, view in _verl.views(items, role)])
+        views = _verl.views(items, role, composed=composed)
+        return _verl.combine([(label, cls._from_items(view)) for label, view in views])
 
     @classmethod
     def _from_items(cls, items: list[tuple[str, Any]]) -> ProfilerConfig:

@@ -12,8 +12,10 @@ replaces the same key and anything below it), then OmegaConf interpolations
 (``${oc.select:KEY,DEFAULT}``) are resolved within that document, as verl does
 before its workers read it (:mod:`._interpolation`), then everything is resolved
 together, so the order of distinct keys never changes the result.  A role's view
-looks a key up in its own section, then (rollout only, as verl's shipped
-interpolations do) the actor's, then the bare section, then ``global_profiler``.
+looks a key up in its own section, then the bare section, then ``global_profiler``.
+In a document the rollout's keys are its own, as verl reads them (it follows the actor
+only where the document's values say so); override lists alone stand for verl's composed
+``ppo_trainer``, whose rollout section follows the actor's (``composed``).
 A configuration written in verl's keys takes verl's defaults (:data:`VERL_DEFAULTS`)
 for what it leaves out (a null verl value means that default) and ``dialect="verl"``: verl's rules
 where verl and instrument differ (continuous mode's schedule, the rollout engines, the hook).  Only the selected
@@ -179,7 +181,9 @@ a YAML value: ``tool_config.torch_memory.{context,stacks}`` are ``all`` because 
 records with ``enable_memory_visualize()``'s defaults; ``finish_hook_timeout_s`` is this package's key
 (verl waits without a limit; ``None`` keeps ``FinishHook``'s 600 s)."""
 
-# verl's rollout section defaults these to the actor's values (``${oc.select:...actor.profiler.X}``).
+# verl's shipped rollout section (rollout/rollout.yaml) defaults these to the actor's values
+# (``${oc.select:...actor.profiler.X}``): a composed configuration follows the actor for them, a document
+# only through its own values (verl 0.9.1 reads a rollout section that is absent, or leaves one out, as off).
 _ROLLOUT_FOLLOWS_ACTOR = frozenset(
     {
         "enable",
@@ -297,9 +301,13 @@ def collect(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     return tree
 
 
-def views(items: list[tuple[str, Any]], role: str | None) -> list[tuple[str, list[tuple[str, Any]]]]:
+def views(
+    items: list[tuple[str, Any]], role: str | None, *, composed: bool = False
+) -> list[tuple[str, list[tuple[str, Any]]]]:
     """ProfilerConfig items for each role view to build: one for ``role``, else one per role section given.
 
+    ``composed``: ``items`` are overrides of verl's composed ``ppo_trainer`` (no document given), whose
+    rollout section follows the actor's for the keys it leaves; else a document, whose rollout keys are its own.
     Native keys come last in every view, so they win over verl keys for the same field.
     """
     if role is not None and role not in ROLES:
@@ -338,7 +346,7 @@ def views(items: list[tuple[str, Any]], role: str | None) -> list[tuple[str, lis
             chosen.append(None)  # the bare section stands for any role
     native_top = dict(native)
     return [
-        (ROLE_SECTIONS[name] if name else BARE, _View(sections, name, dialect).items(native_top) + native)
+        (ROLE_SECTIONS[name] if name else BARE, _View(sections, name, dialect, composed).items(native_top) + native)
         for name in chosen
     ]
 
@@ -370,17 +378,19 @@ def _is_list(value: Any) -> bool:
 
 
 class _View:
-    """One role's view of the collected sections; with ``dialect`` (verl keys given), verl's defaults fill in."""
+    """One role's view of the collected sections; with ``dialect`` (verl keys given), verl's defaults fill in;
+    ``composed`` as in :func:`views`."""
 
-    def __init__(self, sections: dict[str, dict[str, Any]], role: str | None, dialect: bool) -> None:
+    def __init__(self, sections: dict[str, dict[str, Any]], role: str | None, dialect: bool, composed: bool) -> None:
         self.sections = sections
         self.role = role
         self.dialect = dialect
+        self.composed = composed
 
     def get(self, sub: str) -> tuple[bool, Any]:
         """``(given, value)`` of ``sub``, looked up from the most specific section to ``global_profiler``."""
         order = [ROLE_SECTIONS[self.role]] if self.role else []
-        if self.role == "rollout" and sub in _ROLLOUT_FOLLOWS_ACTOR:
+        if self.composed and self.role == "rollout" and sub in _ROLLOUT_FOLLOWS_ACTOR:
             order.append(ROLE_SECTIONS["actor"])
         for section in (*order, BARE, GLOBAL):
             values = self.sections.get(section, {})

@@ -142,15 +142,30 @@ def test_role_sections_combine_as_a_union_without_a_role() -> None:
     assert ProfilerConfig.from_dict(mapping, role="critic") == ProfilerConfig(steps=(1, 3), ranks=(4,), **verl)
 
 
-def test_rollout_follows_the_actor_section_unless_it_sets_its_own() -> None:
+def test_rollout_follows_the_actor_in_override_lists_and_its_own_section_in_a_document() -> None:
+    """Overrides alone stand for verl's composed ppo_trainer, whose rollout section follows the actor's; in a
+    document (verl 0.9.1 reads it as it stands) the rollout's keys are its own: absent, it is off."""
     base: dict[str, Any] = {
         "global_profiler": {"tool": "torch", "steps": [1]},
         ACTOR: {"enable": True, "ranks": [2], "tool_config": {"torch": {"contents": ["cuda", "shapes"]}}},
     }
-    rollout = ProfilerConfig.from_dict(base, role="rollout")
+    overrides = [
+        "global_profiler.tool=torch",
+        "global_profiler.steps=[1]",
+        f"{ACTOR}.enable=true",
+        f"{ACTOR}.ranks=[2]",
+        f"{ACTOR}.tool_config.torch.contents=[cuda,shapes]",
+    ]
+    rollout = ProfilerConfig.from_overrides(overrides, role="rollout")
     assert (rollout.active, rollout.ranks, rollout.contents) == (True, (2,), ("cpu", "cuda", "shapes"))
-    own = ProfilerConfig.from_dict({**base, ROLLOUT: {"ranks": [5]}}, role="rollout")
-    assert own.ranks == (5,)
+    own = ProfilerConfig.from_overrides([*overrides, f"{ROLLOUT}.ranks=[5]"], role="rollout")
+    assert (own.active, own.ranks) == (True, (5,))
+    assert not ProfilerConfig.from_overrides([*overrides, f"{ROLLOUT}.enable=false"], role="rollout").active
+    assert not ProfilerConfig.from_dict(base, role="rollout").active
+    assert not ProfilerConfig.from_overrides([], base=base, role="rollout").active
+    assert not ProfilerConfig.from_dict({**base, ROLLOUT: {"ranks": [5]}}, role="rollout").active
+    enabled = ProfilerConfig.from_dict({**base, ROLLOUT: {"enable": True, "ranks": [5]}}, role="rollout")
+    assert (enabled.active, enabled.ranks, enabled.contents) == (True, (5,), ("cpu", "cuda"))
 
 
 @pytest.mark.parametrize(
@@ -401,7 +416,10 @@ def test_permutations_of_verl_keys_build_the_same_config(keys: dict[str, Any], r
         assert _outcome(lambda: ProfilerConfig.from_dict(dict(shuffled), role=role)) == expected
         assert _outcome(lambda: ProfilerConfig.from_dict(_nest(dict(shuffled)), role=role)) == expected
         overrides = [f"{k}={_text(v)}" for k, v in shuffled]
-        assert _outcome(lambda: ProfilerConfig.from_overrides(overrides, role=role)) == expected
+        alone = _outcome(lambda: ProfilerConfig.from_overrides(overrides, role=role))
+        assert _outcome(lambda: ProfilerConfig.from_overrides(overrides[::-1], role=role)) == alone
+        if role not in (None, "rollout"):  # overrides alone: the rollout follows the actor (verl's composed config)
+            assert alone == expected
         # split between a base mapping and overrides: still one configuration
         cut = rnd.randrange(len(shuffled) + 1)
         base = _nest(dict(shuffled[:cut]))

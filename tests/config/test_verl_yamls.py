@@ -27,6 +27,8 @@ WORLD = EXPECTED["world_size"]
 ROLES = ("actor", "rollout", "ref", "critic")
 DOCUMENTS = sorted(EXPECTED["documents"])
 SCENARIOS = sorted(EXPECTED["overrides"])
+# Documents in verl's shape whose rollout section is its own (or absent), given inline (NOTICE.md)
+ROLLOUT_DOCUMENTS = EXPECTED["rollout_documents"]
 
 
 @pytest.fixture(params=["omegaconf", "stdlib"])
@@ -45,7 +47,10 @@ def _quiet(build: Any) -> ProfilerConfig:
 
 
 def _check(cfg: ProfilerConfig, verl: dict[str, Any], where: str) -> None:
-    """``cfg`` against what verl computed for that role: the fields verl's worker acts on."""
+    """``cfg`` against what verl computed for that role: the fields verl's worker acts on.
+
+    A role verl found no section for (inactive, no tool) is checked without its tool: instrument's view
+    names ``global_profiler``'s tool there, for a role it does not profile either."""
     hook = cfg.finish_hook
     got: dict[str, Any] = {
         "active": cfg.active,
@@ -56,6 +61,8 @@ def _check(cfg: ProfilerConfig, verl: dict[str, Any], where: str) -> None:
         "tool": {"none": None, "nvtx": "nsys"}.get(cfg.tool, cfg.tool),
     }
     want = {k: verl[k] for k in got}
+    if not verl["active"] and verl["tool"] is None and not cfg.active:
+        del got["tool"], want["tool"]
     if verl["discrete"] is not None:
         got["discrete"], want["discrete"] = cfg.discrete, verl["discrete"]
     if verl["active"]:
@@ -97,6 +104,20 @@ def test_pr_body_overrides_mean_what_verl_makes_of_them(scenario: str, role: str
     base = read_mapping(DATA / "generated_ppo_trainer.yaml")
     cfg = _quiet(lambda: ProfilerConfig.from_overrides(overrides, base=base, role=role))
     _check(cfg, verl, f"{scenario} over the pasted base, {role}")
+
+
+@pytest.mark.parametrize("role", ROLES)
+@pytest.mark.parametrize("name", sorted(ROLLOUT_DOCUMENTS))
+def test_a_documents_rollout_section_is_its_own(name: str, role: str, resolver: str) -> None:
+    """In a document the rollout's keys are its own: no rollout section, or one without ``enable``, is off
+    (verl's default) whatever the actor's says; it follows the actor only where its values say so
+    (``${oc.select:actor_rollout_ref.actor.profiler.enable,false}``, as verl's rollout.yaml writes them)."""
+    case = ROLLOUT_DOCUMENTS[name]
+    document, overrides = case["document"], case.get("overrides", [])
+    cfg = _quiet(lambda: ProfilerConfig.from_overrides(overrides, base=document, role=role))
+    _check(cfg, case["expected"][role], f"{name}, {role}")
+    if not overrides:
+        _check(_quiet(lambda: ProfilerConfig.from_dict(document, role=role)), case["expected"][role], name)
 
 
 def test_the_defaults_table_is_what_the_shipped_yamls_say(resolver: str) -> None:
