@@ -19,7 +19,7 @@ from instrument import naming
 from instrument.config import ProfilerConfig
 from instrument.run._info import RunInfo
 from instrument.run._session import Session, start_session
-from instrument.run._stages import OUTSIDE_STEP, _Frame, drop_stage, opened_by, push_stage
+from instrument.run._stages import _Frame, drop_stage, opened_by, push_stage
 from instrument.run._state import STATE
 
 __all__ = [
@@ -34,6 +34,11 @@ __all__ = [
 ]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+_STEP_BELOW_ONE = "step below 1"
+"""The misuse kind of ``profile_step(0)``: its own, so it is named even after a stage ran outside a step."""
+_refused: list[Session] = []
+"""The session whose step below 1 is open (not opened): its stages are that one mistake, not another."""
 
 
 def configure(config: ProfilerConfig, *, role: str, rank: int | None = None, world_size: int | None = None) -> RunInfo:
@@ -80,6 +85,7 @@ def end_step(*, last: bool = False, failed: bool = False) -> None:
     ``last=True`` runs the finish hook after it; ``failed=True`` (the step is unwinding from an
     error) runs it without waiting for the other ranks.
     """
+    _refused.clear()
     session = STATE.session
     if session is not None:
         session.end_step(last=last, failed=failed)
@@ -90,14 +96,16 @@ def _open_step(session: Session, step: int) -> bool:
     """Open step ``step`` of the run (a step below 1 is named once and not opened); whether it opened."""
     if step < 1:
         session.misuse(
-            OUTSIDE_STEP,
+            _STEP_BELOW_ONE,
             "instrument: profile_step(%d): RL steps count from 1 (steps=(1, 5) are the first and the fifth), so "
             "step %d was not opened and nothing in it is recorded; number them from 1, "
             "`for step in range(1, n + 1)`; training continues",
             step,
             step,
         )
+        _refused[:] = [session]
         return False
+    _refused.clear()
     session.enter_steps()
     session.begin_step(step)
     return True
@@ -317,7 +325,7 @@ def _stage_begins(
         frame = session.enter_stage(name, scheduled, concurrent=concurrent, role=role)
     else:
         frame = None
-        if session.step is None:  # no step open: the calls of a correctly used run never come here
+        if session.step is None and session not in _refused:  # no step open (and no step below 1 refused)
             session.outside_step(f"stage {name!r}")
     return frame, ((perf_counter_ns(), STATE.step) if session.engaged else None)
 

@@ -37,7 +37,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 OUTSIDE_STEP = "outside a step"
-"""The misuse kind of work done while no step is open (a stage outside any step, a step numbered below 1)."""
+"""The misuse kind of a stage called while no step is open (a step numbered below 1 has its own: run/_api.py)."""
 
 
 class _Frame:
