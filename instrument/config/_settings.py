@@ -226,6 +226,10 @@ class ProfilerConfig:
     timeline: bool = attrs.field(default=True, validator=boolean)  # docs/timeline.md: every step, every rank
 
     def __attrs_post_init__(self) -> None:
+        sched = self.schedule
+        if self.dialect == "verl" and not self.discrete and sched is not None and sched.repeat == 0:
+            # verl 0.9.1's continuous trace takes ``repeat or 1`` (_resolve_continuous_schedule_kwargs)
+            object.__setattr__(self, "schedule", attrs.evolve(sched, repeat=1))
         if self.active:
             if self.steps == ():
                 raise ValueError("'steps' must list at least one step, or be null for every step: []")

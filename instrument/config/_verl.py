@@ -434,7 +434,7 @@ class _View:
         out.append(("keep_engine_peers", unnamed and "ranks" not in native))
         out.append(("discrete", False))  # verl's mode for a tool without a discrete setting (torch_memory)
         if selected == "torch":
-            out += self._torch(native)
+            out += self._torch()
         elif selected == "torch_memory":
             out += self._memory()
         elif selected == "nvtx":
@@ -442,7 +442,7 @@ class _View:
             out.append(("discrete", self.value("tool_config.nsys.discrete", "global_tool_config.nsys.discrete")))
         return out + self._finish_hook(dict(out), native)
 
-    def _torch(self, native: dict[str, Any]) -> list[tuple[str, Any]]:
+    def _torch(self) -> list[tuple[str, Any]]:
         contents = self.value("tool_config.torch.contents")
         if _is_list(contents):
             # verl always records CPU activity (its stage markers are CPU events) and CUDA unless contents
@@ -453,9 +453,7 @@ class _View:
         out: list[tuple[str, Any]] = [("contents", contents), ("discrete", discrete)]
         schedule = {name: self.value(f"tool_config.torch.schedule.{name}") for name in _SCHEDULE}
         # verl schedules only when active > 0; its default of all zeros means "no schedule".
-        if schedule["active"] not in (0, None):
-            if native.get("discrete", discrete) is False and schedule["repeat"] == 0:
-                schedule["repeat"] = 1  # verl's continuous trace keeps one window per step unless repeat is set
+        if schedule["active"] not in (0, None):  # repeat 0 in continuous mode: ProfilerConfig makes it verl's 1
             out += [(f"schedule.{name}", value) for name, value in schedule.items()]
         return out + self._token_window()
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from instrument.config import ProfilerConfig
+from instrument.config import ProfilerConfig, Schedule
+from instrument.plan import plan_run
+from instrument.schedule import Window
 
 ACTOR = "actor_rollout_ref.actor.profiler"
 VERL = ["global_profiler.tool=torch", "global_profiler.steps=[1]", f"{ACTOR}.enable=True"]
@@ -49,3 +51,25 @@ def test_configurations_of_two_dialects_do_not_combine() -> None:
     peers = ProfilerConfig(keep_engine_peers=True)
     assert ProfilerConfig().union(peers).keep_engine_peers
     assert not ProfilerConfig().intersect(peers).keep_engine_peers
+
+
+@pytest.mark.parametrize("given", ["verl keys", "native keys"])
+def test_verls_continuous_repeat_0_is_one_window_however_it_is_written(given: str) -> None:
+    """verl 0.9.1 gives its continuous trace ``repeat or 1`` (``_resolve_continuous_schedule_kwargs``)."""
+    torch = f"{ACTOR}.tool_config.torch"
+    if given == "verl keys":
+        cfg = ProfilerConfig.from_overrides([*VERL, f"{torch}.schedule.active=2", f"{torch}.schedule.repeat=0"])
+    else:
+        cfg = ProfilerConfig(dialect="verl", discrete=False, steps=(1,), schedule=Schedule(active=2, repeat=0))
+    assert cfg.schedule == Schedule(active=2, repeat=1)
+    assert list(plan_run(cfg, num_steps=1, world_size=1, num_mini_batches=6).windows) == [Window(0, 1)]
+
+
+def test_repeat_0_keeps_its_meaning_where_verl_keeps_it() -> None:
+    """Discrete windows take the schedule as written (unbounded), in verl's dialect too; instrument's own
+    continuous steps are whole, so their schedule is left as given."""
+    for cfg in (
+        ProfilerConfig(dialect="verl", discrete=True, steps=(1,), schedule=Schedule(active=2, repeat=0)),
+        ProfilerConfig(discrete=False, steps=(1,), schedule=Schedule(active=2, repeat=0)),
+    ):
+        assert cfg.schedule is not None and cfg.schedule.repeat == 0
