@@ -50,7 +50,7 @@ test-gpu:
 # folder is cleared first). One process, as before: python examples/ppo_demo.py.
 demo: $(STAMP)
 	rm -rf outputs/demo
-	$(BIN)/python examples/ppo_demo_multi.py --config examples/demo.yaml --num-steps 8 'ranks=[0,3]'
+	$(BIN)/python examples/ppo_demo_multi.py --config examples/demo.yaml --num-steps 8 'ranks=[0,3]' 'steps=[2,8]'
 	$(BIN)/instrument analyze outputs/demo/profile --html outputs/demo/analysis.html
 
 # The same loop with verl-style Ray worker groups (actor_rollout_ref and critic, two ranks each).

@@ -352,14 +352,26 @@ def test_make_demo_runs_four_ranks_into_one_save_path_and_the_hook_once(
     hook_ends = [line for line in multi.done.stderr.splitlines() if line.startswith("[hook rank") and " exit " in line]
     assert len(hook_ends) == 1 and hook_ends[0].startswith("[hook rank 0] exit 0 "), multi.done.stderr  # once
     with tarfile.open(multi.save_path.parent / ARCHIVE_NAME, "r:gz") as archive:
-        members = {Path(name).name for name in archive.getnames()}
-    assert {p.name for p in _trace_files(multi.save_path)} <= members  # the hook ran after every rank's traces
-    # The traces are what `instrument plan` says each role's profiled rank (ranks=[0,3]) writes.
-    common = ["--config", str(CONFIG), "--num-steps", "8", "--world-size", str(WORLD_SIZE), "--mini-batches", "6"]
-    actor = ["plan", *common, "--role", ACTOR, "ranks=[0]", "--stage", "compute_log_prob"]
-    actor += ["--stage", "compute_ref_log_prob", "--stage", "critic:compute_values"]
-    actor += ["--stage", "critic:update_critic:scheduled", "--stage", "update_actor:scheduled"]
-    rollout = ["plan", *common, "--role", ROLLOUT, f"ranks=[{SLOW_RANK}]", "--stage", "generate_sequences"]
+        members = {Path(m.name).name: m for m in archive.getmembers()}
+        timelines_archived = {
+            name: archive.extractfile(m).read()  # type: ignore[union-attr]
+            for name, m in members.items()
+            if name.endswith(".timeline.bin")
+        }
+    assert {p.name for p in _trace_files(multi.save_path)} <= set(members)  # the hook ran after every rank's traces
+    # make demo traces its last step, so the hook runs after every process's last step: each timeline whole.
+    on_disk = {p.name: p.read_bytes() for p in multi.save_path.glob("*.timeline.bin")}
+    assert len(on_disk) == WORLD_SIZE and timelines_archived == on_disk
+    # The traces are what `instrument plan` says each role's profiled rank writes under make demo's arguments.
+    words = _make_demo_command()
+    overrides = [w for w in words[2:] if "=" in w and not w.startswith("-")]
+    assert "ranks=[0,3]" in overrides
+    common = ["plan", "--config", str(CONFIG), "--num-steps", words[words.index("--num-steps") + 1]]
+    common += ["--world-size", str(WORLD_SIZE), "--mini-batches", "6"]
+    actor = [*common, "--role", ACTOR, "--stage", "compute_log_prob", "--stage", "compute_ref_log_prob"]
+    actor += ["--stage", "critic:compute_values", "--stage", "critic:update_critic:scheduled"]
+    actor += ["--stage", "update_actor:scheduled", *overrides, "ranks=[0]"]  # the last word wins
+    rollout = [*common, "--role", ROLLOUT, "--stage", "generate_sequences", *overrides, f"ranks=[{SLOW_RANK}]"]
     written = sorted(_without_host_pid_and_time(p.name) for p in _trace_files(multi.save_path))
     assert written == sorted(_planned(actor, capsys) + _planned(rollout, capsys))
 
