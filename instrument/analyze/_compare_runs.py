@@ -89,11 +89,11 @@ def compare(
     label_b, side_b, skipped_b = _load(baseline, "baseline", filters, opts)
     label_c, side_c, skipped_c = _load(candidate, "candidate", filters, opts)
 
-    step, changes, overlap, notes = compare_sides(side_b, side_c, method)
+    step, changes, overlap, notes, machine = compare_sides(side_b, side_c, method)
     keep = set(overlap.common_ranks) or None
     changes = _with_causes(changes, side_b, side_c, keep, jobs, notes)
     timeline = timeline_comparison(side_b.summary, side_c.summary)
-    said = findings(step, changes, overlap, timeline, method, (side_b.summary, side_c.summary))
+    said = findings(step, changes, overlap, timeline, method, (side_b.summary, side_c.summary), machine)
     return Comparison(
         baseline=label_b,
         candidate=label_c,
@@ -103,6 +103,7 @@ def compare(
         method=method,
         overlap=overlap,
         timeline=timeline,
+        machine=machine,
         skipped=tuple(skipped_b + skipped_c),
         notes=tuple(notes),
         elapsed_s=time.perf_counter() - started,

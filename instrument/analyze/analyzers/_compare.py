@@ -11,6 +11,9 @@ the :mod:`..model` values. Beside it: the test and interval (:mod:`._compare_sta
   for that stage (every step, every rank), else from the traces; ranks only one run has are left out when
   the runs share some. The step: each step's wall time.
 - **Judged** by :func:`~._compare_stats.judge`: Mann-Whitney U at ``alpha``, reported from ``min_change_pct``.
+- **The machine.** A change common to the stages (:func:`~._compare_stats.machine_shift`: the median of their
+  log ratios) is the machine's, not a stage's: when most stages moved with it, each stage is judged against
+  the baseline times it, and is its own change only when it also stands out from the stages' spread.
 - **Causes** of a reported change: the ops and kernels whose time per stage instance changed most
   (:func:`op_causes`, from the trace files :func:`pick_files` chose), the windows and nested stages of the
   timeline (:func:`inner_causes`); medians over the instances, 0 where one did not run.
@@ -27,11 +30,13 @@ from collections import defaultdict
 from collections.abc import Container, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from instrument.analyze.analyzers._compare_stats import Judged, judge
+from instrument import naming
+from instrument.analyze.analyzers._compare_stats import Judged, judge, machine_shift, stands_out
 from instrument.analyze.model import (
     Cause,
     Change,
     Filters,
+    MachineShift,
     Method,
     OpTable,
     Overlap,
@@ -67,6 +72,8 @@ TOP_CAUSES = 5
 """Ops and kernels listed per change (and as many windows or nested stages)."""
 
 _NS_PER_MS = 1_000_000
+_SDK_STAGE = "instrument:"
+"""Stages the SDK names for its own time on the training thread (profiler start, export): never a user's stage."""
 
 Instance = tuple[int | None, str]
 """One stage instance: (step, rank label)."""
@@ -119,6 +126,8 @@ class RunSide:
     inner: dict[Key, dict[tuple[str, str], dict[Instance, list[float]]]] = field(default_factory=dict)
     """Per (role, stage): (``window`` | ``stage``, name) -> instance -> [ms, calls] of what ran inside it."""
     json_input: bool = False
+    hosts: tuple[str, ...] = ()
+    """The host names its files carry."""
 
     def keys(self) -> set[Key]:
         """Every (role, stage) the run holds, from either source."""
@@ -152,10 +161,12 @@ def side_from_report(
     ``filters``; durations at the precision ``--json`` keeps."""
     ranks = None if filters is None else filters.ranks
     steps = None if filters is None else filters.steps
-    side = RunSide(label=label, json_input=json_input)
+    side = RunSide(label=label, json_input=json_input, hosts=hosts_of(report))
     for row in report.stages:
-        if (steps is not None and (row.step is None or row.step not in steps)) or (
-            filters is not None and not filters.keeps_stage(row.stage)
+        if (
+            (steps is not None and (row.step is None or row.step not in steps))
+            or (filters is not None and not filters.keeps_stage(row.stage))
+            or row.stage.startswith(_SDK_STAGE)
         ):
             continue
         key = (label_key(row.role), label_key(row.stage))
@@ -184,6 +195,22 @@ def side_from_report(
                 sums[step] += statistics.median(walls)
         side.step_ms, side.step_source = dict(sums), "traces"
     return side
+
+
+def hosts_of(report: Report) -> tuple[str, ...]:
+    """The host names the run's trace file names and timeline headers carry, sorted."""
+    if report.run is not None and report.run.hosts:
+        return report.run.hosts
+    hosts = {
+        parsed.host
+        for row in report.stages
+        for member in row.ranks
+        for path in member.files
+        if (parsed := naming.parse_trace_name(path)) is not None and parsed.host
+    }
+    if report.timeline_spans is not None:
+        hosts.update(lane.host for lane in report.timeline_spans.lanes if lane.host)
+    return tuple(sorted(hosts))
 
 
 def _timeline_from(side: RunSide, timeline: TimelineReport, steps: Container[int] | None) -> None:
@@ -230,7 +257,7 @@ def timeline_samples(
     names: dict[Key, tuple[str, str]] = {}
     threads: dict[tuple[int, int, int], list[tuple[int, int, str, str, str]]] = defaultdict(list)
     for kind, role, stage, step, rank, start, end, thread in rows:
-        if kind == "step" or end < start:
+        if kind == "step" or end < start or stage.startswith(_SDK_STAGE):
             continue
         if kind == "stage":
             key = (label_key(role), label_key(stage))
@@ -272,15 +299,16 @@ def _median_by_rank(values: Mapping[Instance, float]) -> dict[str, float]:
 
 
 def _moved(
-    b: Mapping[Instance, float], c: Mapping[Instance, float], change_pct: float, least: float
+    b: Mapping[Instance, float], c: Mapping[Instance, float], change_pct: float, least: float, against: float = 1.0
 ) -> tuple[str, ...]:
-    """The ranks whose own median moved the way the stage did, by at least ``least`` %."""
+    """The ranks whose own median moved the way the stage did (beyond the factor ``against``), by at least
+    ``least`` %."""
     before, after = _median_by_rank(b), _median_by_rank(c)
     out = []
     for rank in set(before) & set(after):
         if before[rank] <= 0:
             continue
-        own = 100.0 * (after[rank] / before[rank] - 1.0)
+        own = 100.0 * (after[rank] / (before[rank] * against) - 1.0)
         if own * change_pct > 0 and abs(own) >= least:
             out.append(rank)
     return tuple(sorted(out, key=rank_order))
@@ -297,8 +325,9 @@ def _share(comm: Mapping[Instance, float], values: Mapping[Instance, float]) -> 
 
 def compare_sides(
     baseline: RunSide, candidate: RunSide, method: Method
-) -> tuple[Change, list[Change], Overlap, list[str]]:
-    """The step and every (role, stage) both runs hold, judged (causes not yet added); what they share; notes."""
+) -> tuple[Change, list[Change], Overlap, list[str], MachineShift | None]:
+    """The step and every (role, stage) both runs hold, judged (causes not yet added) against the machine-wide
+    shift where one is common; what they share; notes; the shift."""
     notes: list[str] = []
     ranks_b, ranks_c = baseline.ranks(), candidate.ranks()
     common = ranks_b & ranks_c
@@ -306,17 +335,35 @@ def compare_sides(
         notes.append("the runs share no rank: every rank of each is compared")
     keep = common if common else ranks_b | ranks_c
 
-    changes: list[Change] = []
     keys_b, keys_c = baseline.keys(), candidate.keys()
+    measured: list[tuple[Key, str, dict[Instance, float], dict[Instance, float], Judged]] = []
     for key in sorted(keys_b & keys_c):
         source, before, after = _pick(key, baseline, candidate)
         b = {i: v for i, v in before.values.items() if i[1] in keep}
         c = {i: v for i, v in after.values.items() if i[1] in keep}
-        judged = _judge(list(b.values()), list(c.values()), method)
+        measured.append((key, source, b, c, _judge(list(b.values()), list(c.values()), method)))
+    machine = _machine(measured, method)
+    against = machine.factor if machine is not None and machine.common else None
+
+    changes: list[Change] = []
+    for key, source, b, c, raw in measured:
+        judged = raw
+        relative: Judged | None = None
+        if against is not None and raw.verdict != Verdict.TOO_FEW:
+            relative = _judge(list(b.values()), list(c.values()), method, against)
+            verdict = relative.verdict
+            if (
+                verdict == Verdict.CHANGED
+                and machine is not None
+                and not stands_out(raw.candidate_ms / raw.baseline_ms, machine)
+            ):
+                verdict = Verdict.MACHINE  # beyond noise, yet no further from the shift than the stages scatter
+            judged = raw._replace(p_value=relative.p_value, verdict=verdict)
         role, stage = baseline.names(key)
         moved: tuple[str, ...] = ()
-        if judged.verdict == Verdict.CHANGED and judged.change_pct is not None:
-            moved = _moved(b, c, judged.change_pct, method.min_change_pct)
+        size = relative.change_pct if relative is not None else judged.change_pct
+        if judged.verdict == Verdict.CHANGED and size is not None:
+            moved = _moved(b, c, size, method.min_change_pct, against or 1.0)
         comm = None
         held_b, held_c = baseline.traces.get(key), candidate.traces.get(key)
         if held_b is not None and held_c is not None and (held_b.comm or held_c.comm):
@@ -332,6 +379,9 @@ def compare_sides(
                 steps=(len({i[0] for i in b}), len({i[0] for i in c})),
                 moved_ranks=moved,
                 comm_share=comm,
+                machine_pct=None if relative is None or machine is None else machine.pct,
+                relative_pct=None if relative is None else relative.change_pct,
+                relative_ci_pct=None if relative is None else relative.ci_pct,
             )
         )
     changes.sort(key=lambda ch: (-abs(ch.delta_ms), ch.label))
@@ -359,17 +409,34 @@ def compare_sides(
         only_candidate_roles=tuple(sorted(roles_c[r] for r in set(roles_c) - set(roles_b))),
         only_baseline_stages=tuple(sorted(baseline.names(k) for k in keys_b - keys_c)),
         only_candidate_stages=tuple(sorted(candidate.names(k) for k in keys_c - keys_b)),
+        hosts=(baseline.hosts, candidate.hosts),
     )
-    return step, changes, overlap, notes
+    return step, changes, overlap, notes, machine
 
 
-def _judge(baseline: list[float], candidate: list[float], method: Method) -> Judged:
+def _machine(
+    measured: Sequence[tuple[Key, str, dict[Instance, float], dict[Instance, float], Judged]], method: Method
+) -> MachineShift | None:
+    """The shift common to the stages with a verdict (each stage's ratio of medians, and its own direction)."""
+    ratios: list[float] = []
+    directions: list[int] = []
+    for *_, judged in measured:
+        if judged.verdict == Verdict.TOO_FEW or judged.baseline_ms <= 0 or judged.candidate_ms <= 0:
+            continue
+        ratios.append(judged.candidate_ms / judged.baseline_ms)
+        beyond = judged.verdict in (Verdict.CHANGED, Verdict.SMALL)
+        directions.append(0 if not beyond else 1 if judged.candidate_ms > judged.baseline_ms else -1)
+    return machine_shift(ratios, directions, min_change_pct=method.min_change_pct)
+
+
+def _judge(baseline: list[float], candidate: list[float], method: Method, against: float = 1.0) -> Judged:
     return judge(
         baseline,
         candidate,
         alpha=method.alpha,
         min_change_pct=method.min_change_pct,
         min_samples=method.min_samples,
+        against=against,
     )
 
 

@@ -8,7 +8,11 @@
 - :func:`ratio_interval`: the Hodges-Lehmann interval of the log ratio — the k-th smallest and largest of the
   pairwise differences of log durations, ``k`` the test's critical value — found by bisection on its value
   (never the m*n differences themselves), so it excludes 0 exactly when the test rejects (ties aside).
-- :func:`judge`: medians, change, interval, p-value and the verdict (:class:`~..model.Verdict`).
+- :func:`judge`: medians, change, interval, p-value and the verdict (:class:`~..model.Verdict`); ``against``
+  judges the candidate against the baseline times a factor (the machine-wide shift) instead of the baseline.
+- :func:`machine_shift`: a change common to every stage of a run (a machine that got slower or faster): the
+  median of the stages' log ratios, so one stage that changed, or a few, cannot move it; and whether it is
+  common (most stages moved that way beyond noise), in which case each stage is judged against it.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from instrument.analyze.model import Verdict
+from instrument.analyze.model import MachineShift, Verdict
 
 __all__ = [
     "ALPHA",
@@ -27,10 +31,14 @@ __all__ = [
     "MAX_TEST_SAMPLES",
     "MIN_CHANGE_PCT",
     "MIN_SAMPLES",
+    "MIN_SHIFT_ALONG",
+    "MIN_SHIFT_STAGES",
     "Judged",
     "judge",
+    "machine_shift",
     "mann_whitney",
     "ratio_interval",
+    "stands_out",
 ]
 
 ALPHA = 0.01
@@ -43,6 +51,16 @@ EXACT_MAX = 30
 """Samples a side up to which the test's distribution is exact (no ties)."""
 MAX_TEST_SAMPLES = 20_000
 """Samples a side the test and interval take at most (a fixed-seed subsample; medians use all)."""
+
+MIN_SHIFT_STAGES = 3
+"""Stages with a verdict below which no machine-wide shift is looked for: of two, neither can be told from the
+machine."""
+MIN_SHIFT_ALONG = 2
+"""Stages beyond noise the shift's way it needs to be common: one stage beyond noise is that stage's change."""
+OUTLIER_SPREADS = 3.0
+"""Under a machine-wide shift, a stage is its own change only when it is this many robust spreads (1.4826 x the
+median absolute deviation of the stages' log ratios around the shift) from it: a loaded machine does not slow
+every stage by exactly one factor."""
 
 _FLOOR_MS = 1e-6  # log of a zero duration: a nanosecond
 
@@ -185,14 +203,21 @@ def judge(
     alpha: float = ALPHA,
     min_change_pct: float = MIN_CHANGE_PCT,
     min_samples: int = MIN_SAMPLES,
+    against: float = 1.0,
 ) -> Judged:
-    """Whether ``candidate`` differs from ``baseline`` beyond noise, and by how much (medians; ms)."""
+    """Whether ``candidate`` differs from ``baseline`` beyond noise, and by how much (medians; ms).
+
+    ``against``: a factor the baseline is multiplied by first (a machine-wide shift): the change, interval,
+    p-value and verdict are then the candidate's against it; the medians stay the measured ones."""
     b = statistics.median(baseline) if baseline else 0.0
     c = statistics.median(candidate) if candidate else 0.0
-    change = 100.0 * (c / b - 1.0) if b > 0 else (0.0 if c == 0 else None)
+    expected = b * against
+    change = 100.0 * (c / expected - 1.0) if expected > 0 else (0.0 if c == 0 else None)
     if len(baseline) < min_samples or len(candidate) < min_samples:
         return Judged(b, c, change, None, None, Verdict.TOO_FEW)
     x, y = _capped(baseline), _capped(candidate)
+    if against != 1.0:
+        x = [v * against for v in x]
     p = mann_whitney(x, y)
     interval = ratio_interval(x, y, alpha)
     if p >= alpha:
@@ -202,3 +227,35 @@ def judge(
     else:
         verdict = Verdict.SMALL
     return Judged(b, c, change, interval, p, verdict)
+
+
+def machine_shift(
+    ratios: Sequence[float], directions: Sequence[int], *, min_change_pct: float = MIN_CHANGE_PCT
+) -> MachineShift | None:
+    """The machine-wide shift of stages whose medians moved by ``ratios`` (candidate over baseline, each > 0);
+    ``directions``: each stage's verdict against the baseline itself (+1 slower, -1 faster beyond noise, 0
+    not). ``None`` under :data:`MIN_SHIFT_STAGES` stages.
+
+    Common when more than half of the stages moved by ``min_change_pct`` or more its way (so the median is
+    no average of a changed and an unchanged stage) and at least :data:`MIN_SHIFT_ALONG` of them beyond noise
+    that way (a loaded machine makes short stages too noisy for a verdict of their own; two stages that moved
+    beyond noise together are evidence that one stage alone is not)."""
+    if len(ratios) < MIN_SHIFT_STAGES:
+        return None
+    logs = [math.log(r) for r in ratios]
+    centre = statistics.median(logs)
+    spread = 1.4826 * statistics.median(abs(v - centre) for v in logs)
+    pct = 100.0 * math.expm1(centre)
+    way = 1 if centre > 0 else -1 if centre < 0 else 0
+    bar = math.log1p(min_change_pct / 100.0)
+    moved = sum(1 for v in logs if way and v * way >= bar * (1 - 1e-12))  # 1e-12: rounding at the bar itself
+    along = sum(1 for d in directions if way and d == way)
+    common = 2 * moved > len(ratios) and along >= MIN_SHIFT_ALONG
+    return MachineShift(pct, len(ratios), moved, along, 100.0 * math.expm1(spread), common)
+
+
+def stands_out(ratio: float, shift: MachineShift) -> bool:
+    """Whether a stage whose median moved by ``ratio`` is beyond what the machine-wide shift's spread explains
+    (:data:`OUTLIER_SPREADS` robust spreads from it)."""
+    spread = math.log1p(shift.spread_pct / 100.0)
+    return abs(math.log(ratio) - math.log(shift.factor)) > max(OUTLIER_SPREADS * spread, 1e-9)  # 1e-9: rounding

@@ -1,9 +1,11 @@
 """A comparison of two runs in sentences, in reading order (:func:`findings`; pure).
 
-The step first ("candidate is 14% slower per step (0.81 \u2192 0.92 s, 12 steps each, beyond noise)"), then each
-reported change, largest first, with the ranks it moved on and its causes ("update_actor +18% (412 \u2192 486 ms on
-all 8 ranks): aten::mm +61 ms"), what did not change, idle shares that moved, stages with too few samples for a
-verdict, and what only one run holds.
+The step first, with the stage and op that made it slower ("candidate is 14% slower per step (0.81 \u2192 0.92 s,
+12 steps each, beyond noise): update_actor +74 ms, aten::mm +61 ms"), then a change common to every stage, once
+("every stage +27% (6 of 6 beyond noise): the machine, not a stage"), each reported change, largest first, with
+the ranks it moved on and its causes ("update_actor +18% (412 \u2192 486 ms on all 8 ranks): aten::mm +61 ms"), what
+did not change, idle shares that moved, stages with too few samples for a verdict, and what only one run holds
+(ranks, roles, stages; hosts: runs from different machines).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from instrument.analyze.analyzers._compare import TimelineSummary
 from instrument.analyze.model import (
     Change,
     CompareFinding,
+    MachineShift,
     Method,
     Overlap,
     TimelineComparison,
@@ -92,7 +95,31 @@ def _cause_words(change: Change) -> str:
     return ", ".join(parts)
 
 
-def _step_finding(step: Change, method: Method) -> CompareFinding:
+def _top_words(step: Change, changes: Sequence[Change]) -> str:
+    """The reported stage that moved the step most its way, and its top cause: ``: update_actor +74 ms, aten::mm
+    +61 ms``; empty when none did."""
+    way = [c for c in changes if c.significant and c.delta_ms * step.delta_ms > 0]
+    if not way:
+        return ""
+    top = max(way, key=lambda c: (abs(c.delta_ms), c.label))
+    named = [c for c in top.causes if c.delta_ms * top.delta_ms > 0]
+    cause = ""
+    if named:
+        tag = " (new)" if named[0].status == "new" else " (vanished)" if named[0].status == "vanished" else ""
+        cause = f", {_short(named[0].name)}{tag} {_signed_ms(named[0].delta_ms)}"
+    return f": {_name(top, changes)} {_signed_ms(top.delta_ms)}{cause}"
+
+
+def _machine_finding(machine: MachineShift) -> CompareFinding:
+    """The machine-wide shift, said once."""
+    who = "every stage" if machine.moved == machine.stages else f"{machine.moved} of {machine.stages} stages"
+    beyond = f"{machine.along} of {machine.stages} beyond noise"
+    return CompareFinding(
+        "machine", f"{who} {_pct(machine.pct)} ({beyond}): the machine, not a stage; each stage is judged against it"
+    )
+
+
+def _step_finding(step: Change, method: Method, changes: Sequence[Change] = ()) -> CompareFinding:
     pair = _pair(step.baseline_ms, step.candidate_ms)
     counted = _counted(step.samples, "steps")
     if not any(step.samples):
@@ -105,7 +132,7 @@ def _step_finding(step: Change, method: Method) -> CompareFinding:
     elif step.verdict == Verdict.CHANGED:
         way = "slower" if step.delta_ms > 0 else "faster"
         size = f"{abs(step.change_pct):.0f}%" if step.change_pct is not None else "much"
-        text = f"candidate is {size} {way} per step ({pair}, {counted}, beyond noise)"
+        text = f"candidate is {size} {way} per step ({pair}, {counted}, beyond noise){_top_words(step, changes)}"
     elif step.verdict == Verdict.SMALL:
         text = (
             f"step time {pair} ({_pct(step.change_pct)}, {counted}): beyond noise but under "
@@ -123,18 +150,24 @@ def findings(
     timeline: TimelineComparison | None,
     method: Method,
     summaries: tuple[TimelineSummary | None, TimelineSummary | None] = (None, None),
+    machine: MachineShift | None = None,
 ) -> tuple[CompareFinding, ...]:
-    """The comparison in sentences, in reading order: the step, each reported change (largest first), what
-    did not change, idle shares that moved, stages without a verdict, what only one run holds."""
-    out = [_step_finding(step, method)]
+    """The comparison in sentences, in reading order: the step (with the stage and op that moved it most), the
+    machine-wide shift when common, each reported change (largest first), what did not change, idle shares
+    that moved, stages without a verdict, what only one run holds."""
+    out = [_step_finding(step, method, changes)]
+    if machine is not None and machine.common:
+        out.append(_machine_finding(machine))
     reported = [c for c in changes if c.significant]
     too_few = [c for c in changes if c.verdict == Verdict.TOO_FEW]
     for change in reported:
         causes = _cause_words(change)
-        text = (
-            f"{_name(change, changes)} {_pct(change.change_pct)} ({_ms(change.baseline_ms).removesuffix(' ms')} "
-            f"\u2192 {_ms(change.candidate_ms)} {_ranks_words(change)})" + (f": {causes}" if causes else "")
-        )
+        pair = f"{_ms(change.baseline_ms).removesuffix(' ms')} \u2192 {_ms(change.candidate_ms)}"
+        if change.machine_pct is not None:  # judged against the machine: its own share first
+            size = f"{_pct(change.relative_pct)} beyond the machine ({_pct(change.change_pct)} measured, {pair}"
+        else:
+            size = f"{_pct(change.change_pct)} ({pair}"
+        text = f"{_name(change, changes)} {size} {_ranks_words(change)})" + (f": {causes}" if causes else "")
         out.append(CompareFinding("stage", text, change.delta_ms))
     judged = [c for c in changes if c.verdict != Verdict.TOO_FEW]
     if reported:
@@ -145,7 +178,8 @@ def findings(
     elif judged:
         what = f"{len(judged)} stage{'s' if len(judged) != 1 else ''} compared"
         limits = f"\u03b1 = {method.alpha:g}, changes from {method.min_change_pct:g}%"
-        out.append(CompareFinding("nothing", f"No stage changed beyond noise ({what}; {limits})"))
+        beyond = " beyond the machine-wide shift" if machine is not None and machine.common else ""
+        out.append(CompareFinding("nothing", f"No stage changed beyond noise{beyond} ({what}; {limits})"))
     elif not changes:
         out.append(CompareFinding("nothing", "no stage in both runs to compare"))
     if timeline is not None:
@@ -197,6 +231,9 @@ def _rank_runs(labels: Sequence[str]) -> str:
 
 def _mismatch(overlap: Overlap) -> list[CompareFinding]:
     out = []
+    if overlap.machines_differ:
+        hosts = f"baseline on {_listed(overlap.hosts[0])}; candidate on {_listed(overlap.hosts[1])}"
+        out.append(CompareFinding("mismatch", f"the machines differ ({hosts}): a change may be the hardware's"))
     if overlap.only_baseline_ranks or overlap.only_candidate_ranks:
         common = len(overlap.common_ranks)
         both = f"the {common} ranks both ran" if common != 1 else "the one rank both ran"

@@ -17,6 +17,7 @@ __all__ = [
     "Change",
     "Comparison",
     "CompareFinding",
+    "MachineShift",
     "Method",
     "OpTable",
     "Overlap",
@@ -42,6 +43,46 @@ class Verdict:
     """Within noise."""
     TOO_FEW = "too_few_samples"
     """Too few samples on a side for the test to reach its level: no verdict."""
+    MACHINE = "machine"
+    """Beyond noise against the machine-wide shift, but within the spread of the stages around it: the
+    machine's, not the stage's own."""
+
+
+@dataclass(frozen=True)
+class MachineShift:
+    """A change common to the stages of a run (a machine that got slower or faster): the median of the stages'
+    log ratios, which one stage that changed cannot move."""
+
+    pct: float
+    """The median of the stages' log ratios (candidate median over baseline median), as a % change."""
+    stages: int
+    """Stages it is the median of (those with a verdict)."""
+    moved: int
+    """Of them, those whose median moved by ``min_change_pct`` or more its way."""
+    along: int
+    """Of them, those beyond noise its way (each judged against the baseline itself)."""
+    spread_pct: float
+    """1.4826 x the median absolute deviation of the stages' log ratios around it, as a %: how far from one
+    factor the stages moved."""
+    common: bool
+    """At least 3 stages, more than half of them moved by ``min_change_pct`` or more its way and at least 2
+    beyond noise that way: reported once, and every stage is judged against it."""
+
+    @property
+    def factor(self) -> float:
+        """The candidate's time over the baseline's that the shift alone explains."""
+        return 1.0 + self.pct / 100.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return {
+            "change_pct": _r(self.pct, 2),
+            "common": self.common,
+            "stages": self.stages,
+            "moved": self.moved,
+            "along": self.along,
+            "spread_pct": _r(self.spread_pct, 2),
+        }
 
 
 @dataclass(frozen=True)
@@ -132,6 +173,13 @@ class Change:
     """Share (%) of the stage's wall time its CPU side was blocked in collectives (traces), per run."""
     kernel_comm_share: tuple[float | None, float | None] | None = None
     """Share (%) of the stage's GPU time in communication kernels (the traces read for causes), per run."""
+    machine_pct: float | None = None
+    """The machine-wide shift the stage was judged against (``None``: none was common); ``verdict`` and
+    ``p_value`` are then the test of the candidate against the baseline times it."""
+    relative_pct: float | None = None
+    """The change beyond the machine-wide shift: candidate median over (baseline median x shift), minus 1."""
+    relative_ci_pct: tuple[float, float] | None = None
+    """The interval of that ratio (the one the verdict's test inverts)."""
 
     @property
     def significant(self) -> bool:
@@ -179,6 +227,13 @@ class Change:
         )
         if self.stage is not None:
             data.update(
+                machine_pct=_r(self.machine_pct, 2),
+                relative_pct=_r(self.relative_pct, 2),
+                relative_ci_pct=(
+                    None
+                    if self.relative_ci_pct is None
+                    else [_r(self.relative_ci_pct[0], 2), _r(self.relative_ci_pct[1], 2)]
+                ),
                 moved_ranks=list(self.moved_ranks),
                 causes_from=self.causes_from,
                 causes_note=self.causes_note,
@@ -252,7 +307,7 @@ class CompareFinding:
     """One sentence with its numbers; ``delta_ms`` is the time it changed per step (0 for a statement)."""
 
     kind: str
-    """``step``, ``stage``, ``nothing_else``, ``nothing``, ``idle``, ``too_few``, ``mismatch``."""
+    """``step``, ``machine``, ``stage``, ``nothing_else``, ``nothing``, ``idle``, ``too_few``, ``mismatch``."""
     text: str
     delta_ms: float = 0.0
 
@@ -275,6 +330,13 @@ class Overlap:
     only_baseline_stages: tuple[tuple[str, str], ...] = ()
     """(role, stage) pairs."""
     only_candidate_stages: tuple[tuple[str, str], ...] = ()
+    hosts: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+    """The host names each run's files carry (trace names, timeline headers)."""
+
+    @property
+    def machines_differ(self) -> bool:
+        """Both runs name their hosts and they are not the same set."""
+        return bool(self.hosts[0]) and bool(self.hosts[1]) and set(self.hosts[0]) != set(self.hosts[1])
 
     @property
     def matched(self) -> bool:
@@ -303,6 +365,7 @@ class Overlap:
                 "roles": list(self.only_candidate_roles),
                 "stages": [{"role": r, "stage": s} for r, s in self.only_candidate_stages],
             },
+            "hosts": {"baseline": list(self.hosts[0]), "candidate": list(self.hosts[1])},
         }
 
 
@@ -340,6 +403,8 @@ class Comparison:
     method: Method
     overlap: Overlap
     timeline: TimelineComparison | None = None
+    machine: MachineShift | None = None
+    """The change common to the stages (``None``: under 3 stages with a verdict); said once when common."""
     skipped: tuple[tuple[str, str], ...] = ()
     """(path, reason) of files either analysis left out."""
     notes: tuple[str, ...] = ()
@@ -356,6 +421,7 @@ class Comparison:
             "baseline": self.baseline,
             "candidate": self.candidate,
             "step": self.step.to_dict(),
+            "machine": None if self.machine is None else self.machine.to_dict(),
             "changes": [c.to_dict() for c in self.changes],
             "findings": [f.to_dict() for f in self.findings],
             "method": self.method.to_dict(),

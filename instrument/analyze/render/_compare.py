@@ -25,11 +25,16 @@ _VERDICT_WORDS = {
     Verdict.SMALL: "small (beyond noise)",
     Verdict.NOISE: "noise",
     Verdict.TOO_FEW: "too few samples",
+    Verdict.MACHINE: "machine's",
 }
 _STAGE_HEADERS = ("role", "stage", "base ms", "cand ms", "change", "interval", "samples", "verdict", "source")
+_MACHINE_HEADER = "vs machine"
+"""The column of each stage's change beyond the machine-wide shift, shown only when one is common."""
 _CAUSE_HEADERS = ("kind", "name", "base ms", "cand ms", "delta ms", "calls", "status")
 _PATH_HEADERS = ("role", "stage", "base ms/step", "cand ms/step", "base share", "cand share")
-_RIGHT = frozenset({"base ms", "cand ms", "change", "interval", "samples", "delta ms", "calls", *_PATH_HEADERS[2:]})
+_RIGHT = frozenset(
+    {"base ms", "cand ms", "change", _MACHINE_HEADER, "interval", "samples", "delta ms", "calls", *_PATH_HEADERS[2:]}
+)
 
 
 def _pct(value: float | None) -> str:
@@ -37,9 +42,11 @@ def _pct(value: float | None) -> str:
 
 
 def _interval(change: Change) -> str:
-    if change.ci_pct is None:
+    """The interval of the ratio the verdict's test inverts: against the machine-wide shift where one was."""
+    interval = change.relative_ci_pct if change.machine_pct is not None else change.ci_pct
+    if interval is None:
         return "-"
-    lo, hi = change.ci_pct
+    lo, hi = interval
     return f"[{lo:+.1f}, {hi:+.1f}]%"
 
 
@@ -51,36 +58,39 @@ def _signed(value: float) -> str:
     return ("+" if value >= 0 else "-") + ms(abs(value))
 
 
-def _stage_rows(comparison: Comparison) -> list[tuple[str, ...]]:
-    return [
-        (
-            c.role or "",
-            c.stage or "",
-            ms(c.baseline_ms),
-            ms(c.candidate_ms),
-            _pct(c.change_pct),
-            _interval(c),
-            f"{c.samples[0]} / {c.samples[1]}",
-            _VERDICT_WORDS.get(c.verdict, c.verdict),
-            c.source,
-        )
-        for c in comparison.changes
+def _against_machine(comparison: Comparison) -> bool:
+    return comparison.machine is not None and comparison.machine.common
+
+
+def _stage_headers(comparison: Comparison) -> tuple[str, ...]:
+    if not _against_machine(comparison):
+        return _STAGE_HEADERS
+    return (*_STAGE_HEADERS[:5], _MACHINE_HEADER, *_STAGE_HEADERS[5:])
+
+
+def _row(comparison: Comparison, change: Change, stage: str) -> tuple[str, ...]:
+    cells = [
+        change.role or "",
+        stage,
+        ms(change.baseline_ms),
+        ms(change.candidate_ms),
+        _pct(change.change_pct),
+        _interval(change),
+        f"{change.samples[0]} / {change.samples[1]}",
+        _VERDICT_WORDS.get(change.verdict, change.verdict),
+        change.source,
     ]
+    if _against_machine(comparison):
+        cells.insert(5, "-" if change.stage is None else _pct(change.relative_pct))
+    return tuple(cells)
+
+
+def _stage_rows(comparison: Comparison) -> list[tuple[str, ...]]:
+    return [_row(comparison, c, c.stage or "") for c in comparison.changes]
 
 
 def _step_row(comparison: Comparison) -> tuple[str, ...]:
-    step = comparison.step
-    return (
-        "",
-        "step (wall)",
-        ms(step.baseline_ms),
-        ms(step.candidate_ms),
-        _pct(step.change_pct),
-        _interval(step),
-        f"{step.samples[0]} / {step.samples[1]}",
-        _VERDICT_WORDS.get(step.verdict, step.verdict),
-        step.source,
-    )
+    return _row(comparison, comparison.step, "step (wall)")
 
 
 def _cause_rows(change: Change) -> list[tuple[str, ...]]:
@@ -137,10 +147,15 @@ def _idle_rows(comparison: Comparison) -> list[tuple[str, ...]]:
 
 def _method_line(comparison: Comparison) -> str:
     m = comparison.method
+    against = (
+        "; stages judged against the machine-wide shift (the interval is vs machine)"
+        if _against_machine(comparison)
+        else ""
+    )
     return (
         f"per (step, rank) stage durations; medians; Mann-Whitney U at alpha = {m.alpha:g} "
         f"({100 * (1 - m.alpha):g}% interval), a change is reported from {m.min_change_pct:g}%, "
-        f"{m.min_samples} samples a side at least"
+        f"{m.min_samples} samples a side at least{against}"
     )
 
 
@@ -163,7 +178,7 @@ def render_compare_text(comparison: Comparison) -> str:
     """The comparison as terminal text: findings first, then the tables."""
     lines = [f"instrument compare: {comparison.baseline} \u2192 {comparison.candidate}", "", "Findings"]
     lines += [f"{i}. {f.text}." for i, f in enumerate(comparison.findings, 1)]
-    lines += ["", "Stages", *_plain(_STAGE_HEADERS, [_step_row(comparison), *_stage_rows(comparison)])]
+    lines += ["", "Stages", *_plain(_stage_headers(comparison), [_step_row(comparison), *_stage_rows(comparison)])]
     lines.append(_method_line(comparison))
     for change in comparison.significant:
         head = f"Causes: {change.label} {_pct(change.change_pct)}"
@@ -235,7 +250,7 @@ def compare_html(comparison: Comparison) -> str:
         *(f"<li>{e(f.text)}.</li>" for f in comparison.findings),
         "</ol><h2>Stages</h2>",
         _html_table(
-            _STAGE_HEADERS,
+            _stage_headers(comparison),
             [_step_row(comparison), *_stage_rows(comparison)],
             [_row_class(comparison.step), *(_row_class(c) for c in comparison.changes)],
         ),

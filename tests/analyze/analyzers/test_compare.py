@@ -36,9 +36,11 @@ SLOW = 1.3
 # --------------------------------------------------------------------------- runs with known durations
 
 
-def write_timeline(directory: Path, role: str, rank: int, world: int, spans: list[tuple[Any, ...]]) -> Path:
+def write_timeline(
+    directory: Path, role: str, rank: int, world: int, spans: list[tuple[Any, ...]], host: str = "node-a"
+) -> Path:
     """One process's timeline file: ``spans`` are (kind, role, stage, step, start_ns, end_ns[, thread])."""
-    header = encode_header(role=role, rank=rank, world_size=world, host="node-a", pid=100 + rank, mono_ns=0, wall_ns=0)
+    header = encode_header(role=role, rank=rank, world_size=world, host=host, pid=100 + rank, mono_ns=0, wall_ns=0)
     data = bytearray(header)
     names: dict[tuple[str, str, str], int] = {}
     data += encode_thread(0, 1) + encode_thread(1, 2)
@@ -54,7 +56,7 @@ def write_timeline(directory: Path, role: str, rank: int, world: int, spans: lis
         step=0,
         rank=rank,
         world_size=world,
-        host="node-a",
+        host=host,
         pid=100 + rank,
         timestamp_ns=1,
     )
