@@ -8,6 +8,7 @@ reads the clock.
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from instrument.analyze.model import STRAGGLER_MIN_MS, STRAGGLER_MIN_SHARE
 from instrument.analyze.render import _tables as tables
 from instrument.analyze.traces._steps import Ranges, blocked
 from tests.analyze.test_analyze import sdk_trace
+from tests.conftest import load_trace
 
 DATA = Path(__file__).parents[2] / "data" / "hta"
 MS = 1000.0
@@ -56,6 +58,43 @@ def test_hta_rows_once_named_by_gpu_kernels_name_no_straggler() -> None:
         assert optimizer.straggler is None and optimizer.below_floor == f"under {STRAGGLER_MIN_MS:g} ms"
     rows = tables.table_rows(diff)
     assert all(dict(zip(tables.headers(diff), r, strict=True)).get("slowest", "-") == "-" for r in rows)
+
+
+def _optimizer_ops(path: Path, step_ts: float) -> tuple[float, list[dict[str, Any]]]:
+    """The ``## optimizer ##`` range that starts after ``step_ts`` and the CPU ops inside it (its thread)."""
+    events = load_trace(path)["traceEvents"]
+    stage = min((e for e in events if e.get("name") == "## optimizer ##" and e["ts"] >= step_ts), key=lambda e: e["ts"])
+    end = stage["ts"] + stage["dur"]
+    inside = [e for e in events if e.get("ph") == "X" and e.get("tid") == stage["tid"] and e is not stage]
+    return stage["dur"], sorted((e for e in inside if stage["ts"] <= e["ts"] < end), key=lambda e: e["ts"])
+
+
+def test_hta_trace_diff_step_1013_optimizer_is_even_work() -> None:
+    """The one optimizer row whose max/med is not 1.00 (step 1013: rank 3 2.708 ms, rank 1 2.560 ms) is even:
+    both ranks run the same optimizer step (FusedAdam: 257 / 261 ``aten::add_``, 8 kernel launches each) and
+    rank 3's 148 us more are spread over its whole loop (a median 7 us between two adds, against 6 us: the
+    control's host loop, on another machine), not one stall; 148 us is jitter, under the 5 ms floor."""
+    diff = analyze(DATA / "trace_diff", jobs=1)
+    optimizer = _stage(diff, "optimizer", 1013)
+    by_rank = {r.rank: r for r in optimizer.ranks}
+    assert (by_rank[1].wall_ms, by_rank[3].wall_ms) == (pytest.approx(2.560), pytest.approx(2.708))
+    median = (2.708 + 2.560) / 2  # two ranks: the median is their mean
+    assert optimizer.ratio == pytest.approx(2.708 / median, abs=1e-4)
+    assert optimizer.straggler is None and optimizer.lost_ms == 0
+    assert optimizer.below_floor == f"under {STRAGGLER_MIN_MS:g} ms" and STRAGGLER_MIN_MS > 2.708 - 2.560
+    walls: dict[int, float] = {}
+    adds: dict[int, int] = {}
+    launches: dict[int, int] = {}
+    gaps: dict[int, float] = {}
+    for name, rank, step_ts in (("test", 1, 1661938466736107), ("control", 3, 1661203462904298)):
+        walls[rank], ops = _optimizer_ops(DATA / "trace_diff" / f"{name}.json.gz", step_ts)  # ProfilerStep#1013
+        add = [e for e in ops if e["name"] == "aten::add_"]
+        adds[rank], launches[rank] = len(add), sum(e["name"] == "cudaLaunchKernel" for e in ops)
+        gaps[rank] = sorted(b["ts"] - a["ts"] - a["dur"] for a, b in itertools.pairwise(add))[len(add) // 2]
+    assert walls == {1: 2560, 3: 2708}
+    assert (adds, launches) == ({1: 261, 3: 257}, {1: 8, 3: 8})  # the same work: rank 3 even has 4 adds fewer
+    assert gaps == {1: 6, 3: 7}  # ~0.6 us more between each of its 257 adds: 148 us over the loop
+    assert abs(by_rank[3].cpu_ms - by_rank[1].cpu_ms) < 0.05  # the ops themselves: 0.341 and 0.324 ms
 
 
 def test_gpu_communication_beside_cpu_work_is_work(tmp_path: Path) -> None:
