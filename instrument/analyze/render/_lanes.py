@@ -22,6 +22,7 @@ __all__ = [
     "OUTLIERS",
     "DrawnLane",
     "TimelineView",
+    "labelled_steps",
     "lane_labels",
     "nesting_depths",
     "steps_within",
@@ -212,3 +213,26 @@ def thin_labels(steps: Sequence[int], centers: Sequence[float], widths: Sequence
     rest = sorted(by_position, key=lambda i: -_roundness(steps[i]))  # stable: by position within a roundness
     order = dict.fromkeys([0, *multiples, *rest] if steps else [])  # each once, the first of its places
     return sorted(_place(list(order), centers, widths, gap))
+
+
+def labelled_steps(
+    steps: Sequence[tuple[int, int, int]],
+    extent_ms: tuple[float, float],
+    plot_width: float,
+    char_width: float,
+    gap: float,
+) -> tuple[tuple[float, float], list[int]]:
+    """The time axis's range (ms) and the steps to label above a plot ``plot_width`` wide (a unit of the
+    renderer's: px, points), each label ``step N`` at its step's middle, ``char_width`` a character at most:
+    :func:`thin_labels` of them.
+
+    The range pads ``extent_ms`` (the first start and last end drawn) by half the widest label each side, so a
+    label over the first or last step stays inside the plot."""
+    widths = [char_width * len(f"step {step}") for step, _, _ in steps]
+    low, high = extent_ms
+    span = max(high - low, 1e-3)
+    room = max(plot_width - max(widths, default=0.0), plot_width / 2)  # what the extent itself is drawn on
+    pad = span * (plot_width / room - 1) / 2
+    per_ms = plot_width / (span + 2 * pad)
+    centers = [((start + end) / 2e6 - low + pad) * per_ms for _, start, end in steps]
+    return (low - pad, high + pad), thin_labels([s for s, _, _ in steps], centers, widths, gap)

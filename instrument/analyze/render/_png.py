@@ -24,7 +24,7 @@ from typing import Any
 
 from instrument.analyze.model import GENERATION_STAGES, Report, StageStats, label_key
 from instrument.analyze.render._destination import write_new_file
-from instrument.analyze.render._lanes import TimelineView, nesting_depths, steps_within, timeline_view
+from instrument.analyze.render._lanes import TimelineView, labelled_steps, nesting_depths, steps_within, timeline_view
 from instrument.analyze.render._words import ms
 
 __all__ = [
@@ -450,6 +450,21 @@ def _draw_kernels(ax: Any, kernels: Iterable[dict[str, Any]]) -> None:
 _STEP_COLOR = "#e4e4e4"  # a lane's step span, as on the page: the grey left where no stage ran is idle time
 _DEPTH_HEIGHTS = (0.72, 0.46, 0.26)  # a stage inside another is drawn inside it
 _PICTURE_BARS = 60_000
+_CHAR_EM = 0.65  # a character's width at most, in ems of its font (DejaVu Sans): too wide only thins labels more
+
+
+def _label_steps(ax: Any, view: TimelineView, steps: list[tuple[int, int, int]], width_in: float) -> None:
+    """The step labels above the lanes, thinned so that no two overlap (:func:`~._lanes.labelled_steps`) at the
+    axes' least width: the figure's less the lane labels and the paddings, in points."""
+    lanes_pt = _CHAR_EM * 8 * max((len(d.label) for d in view.lanes), default=0)
+    plot_pt = max(width_in * 72 - lanes_pt - 40, 100.0)
+    low, high = ax.dataLim.intervalx  # the bars drawn
+    extent = (float(low), float(high)) if low <= high else (0.0, 1.0)
+    x_range, labelled = labelled_steps(steps, extent, plot_pt, _CHAR_EM * 7, 4.0)
+    ax.set_xlim(*x_range)
+    for i in labelled:
+        step, start, end = steps[i]
+        ax.text((start + end) / 2e6, -0.7, f"step {step}", ha="center", va="bottom", fontsize=7, color="#555")
 
 
 def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], str], width_in: float) -> None:
@@ -461,10 +476,6 @@ def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], st
     for i, (_, start, end) in enumerate(steps):
         shade = (0.27, 0.39, 0.67, 0.13 if i % 2 == 0 else 0.04)  # steps in turn, as on the page
         ax.axvspan(start / 1e6, end / 1e6, color=shade, zorder=0, linewidth=0)
-    every = max(1, -(-len(steps) // 16))
-    for i, (step, start, end) in enumerate(steps):
-        if i % every == 0:
-            ax.text((start + end) / 2e6, -0.7, f"step {step}", ha="center", va="bottom", fontsize=7, color="#555")
     seen: dict[tuple[str, str], str] = {}
     first_start: dict[tuple[str, str], int] = {}
     for y, drawn in enumerate(view.lanes):
@@ -497,6 +508,7 @@ def _draw_timeline(ax: Any, view: TimelineView, colors: dict[tuple[str, str], st
             ax.axhline(first - 0.5, color="#999", linewidth=0.8, zorder=5)
         first += count
     ax.set_yticks(range(len(view.lanes)), [d.label for d in view.lanes], fontsize=8)
+    _label_steps(ax, view, steps, width_in)
     ax.set_ylim(len(view.lanes) - 0.5, -1.0)  # first lane at the top, room for the step labels
     ax.set_xlabel("ms since the first span", fontsize=8)
     ax.tick_params(axis="x", labelsize=8)

@@ -20,9 +20,9 @@ from instrument.analyze.model import Report
 from instrument.analyze.render._lanes import (
     DrawnLane,
     TimelineView,
+    labelled_steps,
     nesting_depths,
     steps_within,
-    thin_labels,
     timeline_view,
 )
 from instrument.analyze.render._timeline import STEP_HEADERS, findings_lines, step_rows
@@ -182,21 +182,10 @@ def _step_labels(
     steps: list[tuple[int, int, int]], extent: tuple[float, float], plot_px: float
 ) -> tuple[list[float], list[dict[str, Any]]]:
     """The time axis's range and the step labels above the plot: as many as fit in ``plot_px`` without two
-    overlapping (:func:`~._lanes.thin_labels`), each saying its step's time on hover.
-
-    The range pads the extent by half a label's width each side, so a label over the first or last step stays
-    inside the plot."""
-    texts = [f"step {step}" for step, _, _ in steps]
-    widths = [_STEP_CHAR_PX * len(text) for text in texts]
-    low, high = extent
-    span = max(high - low, 1e-3)
-    room = max(plot_px - max(widths, default=0.0), plot_px / 2)  # the px the extent itself is drawn on
-    pad = span * (plot_px / room - 1) / 2
-    x0 = low - pad
-    px_per_ms = plot_px / (span + 2 * pad)
-    centers = [((start + end) / 2e6 - x0) * px_per_ms for _, start, end in steps]
+    overlapping (:func:`~._lanes.labelled_steps`), each saying its step's time on hover."""
+    (x0, x1), kept = labelled_steps(steps, extent, plot_px, _STEP_CHAR_PX, _LABEL_GAP_PX)
     annotations = []
-    for i in thin_labels([s for s, _, _ in steps], centers, widths, _LABEL_GAP_PX):
+    for i in kept:
         step, start, end = steps[i]
         annotations.append(
             {
@@ -205,13 +194,13 @@ def _step_labels(
                 "xref": "x",
                 "yref": "paper",
                 "yanchor": "bottom",
-                "text": texts[i],
+                "text": f"step {step}",
                 "hovertext": f"step {step}: {(end - start) / 1e6:,.3f} ms, from {start / 1e6:,.3f} ms",
                 "showarrow": False,
                 "font": {"size": _STEP_FONT, "color": "#555"},
             }
         )
-    return [round(x0, 3), round(high + pad, 3)], annotations
+    return [round(x0, 3), round(x1, 3)], annotations
 
 
 def _shading(view: TimelineView, steps: list[tuple[int, int, int]]) -> list[Any]:

@@ -14,15 +14,16 @@ from tests.analyze.render.test_timeline_render import BASE, MS, SpanSpec, write_
 ACTOR, ROLLOUT = "actor_rollout_ref", "rollout_engine_replica"  # long role names make long cells
 
 
-def many_steps(directory: Path, steps: int = 20) -> Path:
+def many_steps(directory: Path, steps: int = 20, first_ms: int = 8_000) -> Path:
     """Two actor and two rollout ranks over ``steps`` steps of 700-1,300 ms (rollout rank 3 generates 5x as long
-    on every step); step 1 is 8 s, as a traced step is (its profiler starting), so the others' labels crowd."""
+    on every step); step 1 takes ``first_ms``, as a traced step does (its profiler starting), so the others'
+    labels crowd."""
     for rank in range(4):
         role = ACTOR if rank < 2 else ROLLOUT
         spans: list[SpanSpec] = []
         t = BASE
         for step in range(1, steps + 1):
-            length = 8_000 if step == 1 else 700 + (step * 137) % 600
+            length = first_ms if step == 1 else 700 + (step * 137) % 600
             spans.append(("step", role, "", step, t, t + length * MS, 0))
             if role == ROLLOUT:
                 spans.append(("stage", role, "generate_sequences", step, t, t + (250 if rank == 3 else 50) * MS, 0))

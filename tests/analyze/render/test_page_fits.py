@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from instrument.analyze import analyze, write_html
 from instrument.analyze.render._lanes import thin_labels, timeline_view
+from instrument.analyze.render._png import _figure as _png_figure
 from instrument.analyze.render._timeline_html import cell, timeline_figure
 from tests.analyze.render.browser import needs_chromium, probe
 from tests.analyze.render.pages import many_ranks, many_steps
@@ -190,3 +191,20 @@ def test_the_page_fits_its_window_and_its_step_labels_never_overlap(
     assert seen["overlaps"] == [], seen
     if name not in ("details", "vllm"):  # these two are traces without a timeline file: a chart only if derived
         assert seen["drawn"] and seen["labels"][0] == "step 1" and len(seen["labels"]) >= 2, seen
+
+
+# --------------------------------------------------------------------------- the picture's step labels
+
+
+@pytest.mark.parametrize(("steps", "first_ms"), [(3, 8_000), (20, 8_000), (200, 8_000), (16, 30_000)])
+def test_the_pictures_step_labels_never_overlap(steps: int, first_ms: int, tmp_path: Path) -> None:
+    report = analyze(many_steps(tmp_path, steps=steps, first_ms=first_ms), jobs=1)
+    figure = _png_figure(report)
+    figure.draw_without_rendering()  # the constrained layout done: every extent final
+    [panel] = [ax for ax in figure.axes if ax.get_title().startswith("(f) step timeline")]
+    texts = [t for t in panel.texts if t.get_text().startswith("step ")]
+    boxes = sorted((box.x0, box.x1) for box in (t.get_window_extent() for t in texts))
+    assert texts and texts[0].get_text() == "step 1" and len(texts) >= min(steps, 3)
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(boxes)), boxes  # never two overlapping
+    plot = panel.get_window_extent()
+    assert plot.x0 <= boxes[0][0] and boxes[-1][1] <= plot.x1  # inside the panel
