@@ -32,6 +32,7 @@ __all__ = [
     "OOM_STAGE_PREFIX",
     "SCRATCH_PREFIX",
     "SNAPSHOT_SUFFIX",
+    "SDK_STAGE_PREFIX",
     "TIMELINE_STAGE",
     "TIMELINE_SUFFIX",
     "TRACE_SUFFIX",
@@ -61,6 +62,11 @@ TIMELINE_STAGE = "timeline"
 """The stage label in a timeline file's name (its step is 0: the file holds every step)."""
 SCRATCH_PREFIX = ".instrument-tmp-"
 """Each process's private folder in ``save_path`` for files not yet complete (never a trace)."""
+
+SDK_STAGE_PREFIX = "instrument:"
+"""The step timeline names the SDK's own work on the training thread ``instrument:<what>`` (profiler start and
+stop, a trace's export); the analysis keeps that time apart from the user's stages and idle, so no user label
+may start with it (:func:`check_label`)."""
 
 CONTINUOUS_STAGE = "continuous"
 """Stage label of the one trace per step that continuous mode writes."""
@@ -117,6 +123,11 @@ def check_label(field: str, label: str) -> str:
     """
     if not isinstance(label, str):
         raise TypeError(f"{field!r} must be a str such as 'actor' (got {label!r})")
+    if label.startswith(SDK_STAGE_PREFIX):
+        raise ValueError(
+            f"{field!r} must not start with {SDK_STAGE_PREFIX!r}: the step timeline names instrument's own work so "
+            f"(got {label!r})"
+        )
     bad = _NOT_IN_LABELS.search(label)
     if bad is not None:
         raise ValueError(

@@ -23,6 +23,7 @@ from instrument.analyze.analyzers._stats import compare
 from instrument.analyze.analyzers._timeline import analyze_timeline
 from instrument.analyze.model import (
     Filters,
+    IntRanges,
     MemoryFile,
     Report,
     Skipped,
@@ -269,18 +270,43 @@ def _timeline(
     kept = on_axis.spans.where(  # columns kept as columns: no span object per span here
         ranks=filters.ranks,
         steps=opened if filters.steps is None else {step for step in opened if step in filters.steps},  # intervals
-        names=None if wanted is None else lambda kind, _role, stage: kind == "step" or label_key(stage) in wanted,
     )
-    if not len(kept):
+    # --stage chooses what is shown, never what is analysed: the stages left out still ran, so their time is
+    # no one's idle; the findings and the picture keep to the stages asked for.
+    shown = kept
+    if wanted is not None:
+        shown = kept.where(names=lambda kind, _role, stage: kind == "step" or label_key(stage) in wanted)
+    if not len(shown):
         held = "the traces' step and stage ranges" if from_traces else "the timeline files"
         return None, f"{held} hold no span the filters keep", None
     report = analyze_timeline(kept, aligned=on_axis.aligned, clock_uncertainty_ns=on_axis.max_uncertainty_ns or 0)
+    if wanted is not None:
+        asked = tuple(f for f in report.findings if f.stage is None or label_key(f.stage) in wanted)
+        report = replace(report, findings=asked)
+    report = _traced_steps(report, traced.steps(), root, None if from_traces else notes)
     # one part per timeline, in order: each process's spans for the pictures and the merged trace
-    per_process = [(t, SpanTable([part])) for t, part in zip(on_axis.timelines, kept.parts, strict=True)]
+    per_process = [(t, SpanTable([part])) for t, part in zip(on_axis.timelines, shown.parts, strict=True)]
     if from_traces:  # said where the notes are read: the findings, the page and the JSON's clock
         said = " ".join(filter(None, (f"Step timeline {FROM_TRACES_NOTE}.", report.clock.note)))
         report = replace(report, source="traces", clock=replace(report.clock, note=said))
     return report, None, _lanes(per_process, on_axis.aligned)
+
+
+OLDER_TIMELINE_NOTE = (
+    "its timeline files hold no span of instrument's own work (written by an older instrument): on the traced "
+    "steps ({steps}), the profiler's start-up, stop and export count as stage and idle time"
+)
+
+
+def _traced_steps(report: TimelineReport, steps: set[int], root: Path, notes: list[Skipped] | None) -> TimelineReport:
+    """Steps a trace file holds are traced too; a timeline file without the SDK's own spans where traces exist is
+    older than them: said once in ``notes`` (its traced steps' numbers hold the profiler's cost)."""
+    if not steps:
+        return report
+    marked = [s if s.traced or s.step not in steps else replace(s, traced=True) for s in report.steps]
+    if notes is not None and not any(s.instrument_ms or s.traced for s in report.steps):
+        notes.append(Skipped(str(root), OLDER_TIMELINE_NOTE.format(steps=IntRanges.of(steps))))
+    return replace(report, steps=tuple(marked))
 
 
 _SHIFTED_NOTE = (

@@ -255,6 +255,7 @@ class Session(StageTracing):
             self.step_profiled = not self.finished and (planned or self.step_triggered)
             if not self.step_profiled:
                 return
+            started = time.perf_counter_ns()
             backend = self._ensure_backend()
             if backend is None:
                 self.step_profiled = False
@@ -269,6 +270,7 @@ class Session(StageTracing):
                     self._offer_fast_ranges(backend)  # stages of this step need only a range in its trace
             elif self.config.discrete:
                 self._offer_fast_ranges(backend)  # each stage opens its own trace (NVTX: a capture range and range)
+            self.own_time("profiler_start", started)  # the recorder's first build (torch's import) included
             STATE.recording = STATE.engaged = True
         except Exception as exc:
             self._fail(f"could not start profiling step {step}", exc)
@@ -293,12 +295,14 @@ class Session(StageTracing):
         """
         held = self._acquire()
         try:
-            step, self.step = self.step, None
+            step = self.step
             STATE.recording, STATE.fast, STATE.step = False, None, 0
             STATE.engaged = self.engaged
             self._after_step(step, profiled=self.step_profiled)
+            # No trace outlives its step; its stop and export lie inside the step's span, as instrument's own time.
+            self._stop_trace("could not save the trace of step", str(step))
+            self.step = None
             self._step_span(step)
-            self._stop_trace("could not save the trace of step", str(step))  # no trace outlives its step
             self.step_profiled = False
         finally:
             self._release(held)

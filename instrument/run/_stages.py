@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
 from instrument._warnings import WarnOnce
 from instrument.config import ProfilerConfig
+from instrument.naming import SDK_STAGE_PREFIX
 from instrument.recorders import FastRanges, Recorder, TraceSpec
 from instrument.run._state import STATE
 
@@ -77,6 +79,15 @@ class _Frame:
         self.close_window: Callable[[], None] | None = None
         self.owner: object = None
         self.started: tuple[int, int] | None = None  # (perf_counter_ns, step) when metrics or the timeline time it
+
+
+_OWN_SPANS = {
+    what: ("stage", None, SDK_STAGE_PREFIX + what) for what in ("profiler_start", "profiler_stop", "profiler_step")
+}
+"""The timeline's names of the SDK's own work on the training thread (see :meth:`StageTracing.own_time`)."""
+OWN_STEP_MIN_NS = 1_000_000
+"""A schedule's step of the profiler is recorded as the SDK's own time when it took this long (an export, a phase
+change); the µs of the others stay in the mini-batch that made them."""
 
 
 _STAGES: ContextVar[tuple[object, ...]] = ContextVar("instrument_stages", default=())
@@ -154,6 +165,17 @@ class StageTracing:
     _acquire: Callable[[], int]
     _release: Callable[[int], None]
 
+    # ------------------------------------------------------------------ the SDK's own time
+
+    def own_time(self, what: str, started_ns: int) -> None:
+        """Record the SDK's work on this thread since ``started_ns`` (``what``: ``profiler_start``, ``profiler_stop``
+        or ``profiler_step``) as the step's span ``instrument:<what>``: the analysis never counts it as the user's
+        stage or idle time. Outside a step nothing is recorded (no step's time holds it)."""
+        timeline, step = self.timeline, self.step
+        if timeline is not None and step is not None:
+            span = (_OWN_SPANS[what], step, started_ns, time.perf_counter_ns(), threading.get_ident())
+            timeline.pending.append(span)
+
     # ------------------------------------------------------------------ misuse, named once
 
     def misuse(self, kind: str, message: str, *args: object) -> None:
@@ -215,8 +237,10 @@ class StageTracing:
         self._owner, self._owner_left, self._guests, self._scheduled_step = None, False, 0, False
         if backend is None or not backend.tracing:
             return
+        started = time.perf_counter_ns()
         try:
             backend.stop()
+            self.own_time("profiler_stop", started)
             if self.metrics is not None:
                 self.metrics.windows.inc(backend.windows_saved)
             if owner is not None and owner.windowed and backend.windows_saved == 0:
@@ -243,7 +267,9 @@ class StageTracing:
                 frame.windowed = scheduled and self._scheduled_step  # its mini-batches advance the step's schedule
             elif self.config.discrete and self.step_profiled and self._may_start(name):
                 windowed = scheduled and self.config.schedule is not None
+                started = time.perf_counter_ns()
                 backend.start(self._spec(name, self.config.schedule if windowed else None, role))
+                self.own_time("profiler_start", started)
                 frame.traced, frame.windowed, frame.trace = True, windowed, self._trace
                 self._owner = frame
         except Exception as exc:
@@ -356,7 +382,10 @@ class StageTracing:
                 held = self._acquire()
                 try:
                     if frame.trace == self._trace:  # still its trace: not stopped under it meanwhile
-                        self._backend.window_step()
+                        started = time.perf_counter_ns()
+                        self._backend.window_step()  # may export a window's trace, on this thread
+                        if time.perf_counter_ns() - started >= OWN_STEP_MIN_NS:
+                            self.own_time("profiler_step", started)
                 finally:
                     self._release(held)
         except Exception as exc:

@@ -13,7 +13,7 @@ import pytest
 
 import instrument as ins
 from instrument.manifest import read_manifests
-from instrument.naming import TIMELINE_SUFFIX
+from instrument.naming import SDK_STAGE_PREFIX, TIMELINE_SUFFIX
 from instrument.timeline import read_timeline
 
 GUARD_S = 120.0  # a hang guard only
@@ -78,3 +78,24 @@ def test_a_rank_killed_by_sigterm_lists_its_timeline(tmp_path: Path) -> None:
     timeline = read_timeline(tmp_path / "p" / record.path)
     assert not timeline.torn
     assert [(s.kind, s.step) for s in timeline.spans] == [("stage", 1), ("step", 1), ("stage", 2), ("step", 2)]
+
+
+@pytest.mark.parametrize("discrete", [True, False])
+def test_the_sdks_own_work_on_a_profiled_step_is_its_own_span_inside_the_step(tmp_path: Path, discrete: bool) -> None:
+    """Real torch.profiler: its start before the stage and its stop (with the export) after it are spans named
+    ``instrument:...`` of the traced step, inside the step's span; an untraced step has none."""
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path / "p"), steps=(2,), contents=("cpu",), discrete=discrete)
+    ins.configure(cfg, role="actor", rank=0, world_size=1)
+    for step in (1, 2, 3):
+        with ins.profile_step(step):
+            generate()
+    ins.finish()
+    [path] = (tmp_path / "p").glob(f"*{TIMELINE_SUFFIX}")
+    spans = read_timeline(path).spans
+    own = [s for s in spans if s.stage.startswith(SDK_STAGE_PREFIX)]
+    assert {s.stage for s in own} == {SDK_STAGE_PREFIX + "profiler_start", SDK_STAGE_PREFIX + "profiler_stop"}
+    assert {s.step for s in own} == {2} and all(s.kind == "stage" for s in own)
+    [step] = [s for s in spans if s.kind == "step" and s.step == 2]
+    assert all(step.start_ns <= s.start_ns and s.end_ns <= step.end_ns for s in own)
+    [user] = [s for s in spans if s.stage == "generate_sequences" and s.step == 2]
+    assert not any(s.start_ns < user.end_ns and user.start_ns < s.end_ns for s in own)  # beside the stage, not in it

@@ -16,10 +16,12 @@ from bisect import bisect_right
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import compress, repeat
 from operator import add, mul, sub
 
 from instrument.analyze.model import GENERATION_STAGES, Finding, RankTable, StepTimeline
+from instrument.naming import SDK_STAGE_PREFIX
 
 __all__ = [
     "BUBBLE_MIN_SHARE",
@@ -27,17 +29,20 @@ __all__ = [
     "FLOOR_MS",
     "FLOOR_SHARE",
     "GENERATION_ROLE",
+    "INSTRUMENT_KIND",
     "MAX_STRAGGLER_FINDINGS",
     "SLOW_STEP_MIN_STEPS",
     "SLOW_STEP_RATIO",
     "STRAGGLER_RATIO",
     "FindingRule",
+    "Straggler",
     "LaneKey",
     "Peering",
     "TimelineAnalysis",
     "bubbles",
     "dominant_stage",
     "findings_of",
+    "instrument_time",
     "rank",
     "register_finding",
     "registered_findings",
@@ -57,6 +62,8 @@ SLOW_STEP_RATIO = 1.5
 SLOW_STEP_MIN_STEPS = 3  # a median of two is their mean: one step cannot stand out against it
 MAX_STRAGGLER_FINDINGS = 10  # thousands of ranks can hold many; the largest are the ones to read
 GENERATION_ROLE = "rollout"
+INSTRUMENT_KIND = "instrument"
+"""The finding that says how much of the traced steps was the SDK's own work (said last)."""
 _NS_PER_MS = 1_000_000
 _TIMES = "\u00d7"
 _DASH = "\u2013"
@@ -80,6 +87,51 @@ class Peering:
     slow_steps: list[int] = field(default_factory=list)
     excess_ns: int = 0  # over its peers' median, summed over its slow steps
     ratios: list[float] = field(default_factory=list)  # to its peers' median, on its slow steps
+    excesses: list[int] = field(default_factory=list)  # over its peers' median (ns), on each of its slow steps
+
+
+@dataclass(frozen=True, eq=False)
+class Straggler:
+    """A consistently slow (role, rank) and what it caused: a cause, whose effects the other findings leave out."""
+
+    role: str
+    rank: int
+    stages: tuple[tuple[int, str, Peering], ...]
+    """(excess ns, stage, its peering), the most excess first."""
+    waits: Mapping[str, Mapping[tuple[int, int], float]]
+    """Waiting role -> (its rank, step) -> ms it waited for this straggler's slow stages on their slow steps."""
+    waits_by_cause: Mapping[str, Mapping[str, float]]
+    """Waiting role -> the straggler's stage -> ms (the same waits, by what was waited for)."""
+
+    @property
+    def excess_ms(self) -> float:
+        """Its stages' time over their peers' median, summed over their slow steps: the step time it added."""
+        return _ms(sum(excess for excess, _, _ in self.stages))
+
+    @cached_property
+    def caused(self) -> Mapping[str, float]:
+        """Waiting role -> the idle rank-time its slowness caused there: of each wait for it, no more than it added
+        to that step (what the waiter would have waited for a rank at its peers' pace is not its doing)."""
+        return {
+            waiter: sum(min(ms, _ms(self.excess_on(step))) for (_, step), ms in entries.items())
+            for waiter, entries in self.waits.items()
+        }
+
+    @property
+    def caused_ms(self) -> float:
+        """The idle rank-time its slowness caused other ranks, on its slow steps, in all."""
+        return sum(self.caused.values())
+
+    def excess_on(self, step: int) -> int:
+        """The ns it added on ``step``: its slow stages' excess there, summed (a lane runs them one after another)."""
+        return sum(
+            (
+                e
+                for _, _, record in self.stages
+                for s, e in zip(record.slow_steps, record.excesses, strict=True)
+                if s == step
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -97,6 +149,12 @@ class TimelineAnalysis:
     """The roles that ran a stage (a driver that only holds the step open has none)."""
     aligned: bool
     """Whether the hosts' clocks are aligned (waits and the critical path exist only then)."""
+
+    @cached_property
+    def stragglers(self) -> tuple[Straggler, ...]:
+        """The consistent stragglers (the most excess first, at most :data:`MAX_STRAGGLER_FINDINGS`), with who waited
+        for them: the causes the idle and slow-step findings leave out of what they say."""
+        return _stragglers(self)
 
 
 # --------------------------------------------------------------------------- the list, ranked in one place
@@ -129,11 +187,19 @@ def registered_findings() -> tuple[FindingRule, ...]:
 
 
 def rank(findings: Iterable[Finding]) -> tuple[Finding, ...]:
-    """``findings`` in the order they are said: the most time lost per step first."""
+    """``findings`` in the order they are said: the most time lost per step first; the SDK's own time
+    (:data:`INSTRUMENT_KIND`) last, whatever its size: it is what measuring cost, not what to fix."""
     return tuple(
         sorted(
             findings,
-            key=lambda f: (-f.lost_ms, f.kind, f.role or "", f.stage or "", f.rank if f.rank is not None else -1),
+            key=lambda f: (
+                f.kind == INSTRUMENT_KIND,
+                -f.lost_ms,
+                f.kind,
+                f.role or "",
+                f.stage or "",
+                f.rank if f.rank is not None else -1,
+            ),
         )
     )
 
@@ -179,8 +245,7 @@ def _steps_text(steps: list[int]) -> str:
     return shown + (", \u2026" if len(steps) > 5 else "")
 
 
-def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
-    """One finding per straggling rank (a rank slow in every chunk of a stage would otherwise fill the list)."""
+def _stragglers(analysis: TimelineAnalysis) -> tuple[Straggler, ...]:
     steps, peering, aligned = analysis.steps, analysis.peering, analysis.aligned
     lone_step = len(steps) == 1
     by_rank: dict[tuple[str, LaneKey], list[tuple[int, str, Peering]]] = defaultdict(list)
@@ -197,9 +262,10 @@ def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
     waits: dict[tuple[str, int], dict[str, dict[tuple[int, int], float]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(float))
     )
+    by_cause: dict[tuple[str, int], dict[str, dict[str, float]]] = defaultdict(lambda: defaultdict(_floats))
     for timeline in steps if aligned and targets else ():
         if isinstance(timeline.ranks, RankTable):
-            _waits_for(timeline.ranks, timeline.step, targets, waits)
+            _waits_for(timeline.ranks, timeline.step, targets, waits, by_cause)
             continue
         for row in timeline.ranks:
             for cause_role, cause_stage, cause_rank, ms in row.waits():  # no TimeShare made: millions of them
@@ -208,10 +274,26 @@ def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
                 found = targets.get((cause_role, cause_stage, cause_rank))
                 if found is not None and timeline.step in found[1]:
                     waits[found[0]][row.role][(row.rank, timeline.step)] += ms
-    findings = []
+                    by_cause[found[0]][row.role][cause_stage] += ms
+    found_stragglers = []
     for (role, (_, rank)), stages in ranked:
         stages.sort(key=lambda c: (-c[0], c[1]))
-        excess = _ms(sum(c[0] for c in stages))
+        key = (role, rank)
+        found_stragglers.append(Straggler(role, rank, tuple(stages), waits.get(key, {}), by_cause.get(key, {})))
+    return tuple(found_stragglers)
+
+
+def _floats() -> defaultdict[str, float]:
+    return defaultdict(float)
+
+
+def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
+    """One finding per straggling rank (a rank slow in every chunk of a stage would otherwise fill the list); its
+    loss is the step time it added and the idle it caused other ranks, per step (causes rank above effects)."""
+    findings = []
+    for straggler in analysis.stragglers:
+        role, rank, stages = straggler.role, straggler.rank, straggler.stages
+        excess = straggler.excess_ms
         slow_steps = sorted({step for _, _, record in stages for step in record.slow_steps})
         said = [
             f"{stage} {statistics.median(record.ratios):.1f}{_TIMES} on {len(record.slow_steps)} of {record.ran} steps"
@@ -227,12 +309,19 @@ def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
             more = f", {len(stages) - 3} more" if len(stages) > 3 else ""
             text = f"{role} rank {rank} is slower than its peers in {len(stages)} stages: {', '.join(said)}{more}"
         text += f" (+{_duration(excess / len(slow_steps))} a step)"
-        for waiter_role, entries in sorted(waits[(role, rank)].items(), key=lambda kv: -sum(kv[1].values()))[:2]:
+        for waiter_role, entries in sorted(straggler.waits.items(), key=lambda kv: -sum(kv[1].values()))[:2]:
             each = statistics.median(entries.values())
             if each >= FLOOR_MS:  # not the hand-offs of a few µs between its chunks
                 text += f"; {_ranks_text(waiter_role, (r for r, _ in entries))} wait {_duration(each)} each for it"
+                mine = straggler.caused[waiter_role] / len(entries)
+                if mine >= FLOOR_MS and mine < 0.995 * each:
+                    text += f", {_duration(mine)} of it its delay"
+        caused = straggler.caused_ms
+        if caused / len(slow_steps) >= FLOOR_MS:
+            text += f" ({_duration(caused / len(slow_steps))} of idle rank-time it caused a step)"
         top = stages[0][1]
-        findings.append(Finding("straggler", text, excess / len(steps), role, top, rank, tuple(slow_steps)))
+        lost = (excess + caused) / len(analysis.steps)
+        findings.append(Finding("straggler", text, lost, role, top, rank, tuple(slow_steps)))
     return findings
 
 
@@ -241,6 +330,7 @@ def _waits_for(
     step: int,
     targets: Mapping[tuple[str, str, int], tuple[tuple[str, int], set[int]]],
     waits: dict[tuple[str, int], dict[str, dict[tuple[int, int], float]]],
+    waited_on: dict[tuple[str, int], dict[str, dict[str, float]]],
 ) -> None:
     """What :func:`stragglers` adds up from one step's lanes, read from the table's columns: only the waits for a
     target (cause and rank, one int) are looked at one by one, in the lanes' order."""
@@ -263,33 +353,46 @@ def _waits_for(
     at, roles, lane_role, lane_rank, ns = table.at, table.roles, table.role, table.rank, table.wait_ns
     for j in compress(range(len(codes)), map(wanted.__contains__, codes)):
         lane = bisect_right(at, j) - 1
-        waits[wanted[codes[j]]][roles[lane_role[lane]]][(lane_rank[lane], step)] += _ms(ns[j])
+        target, waiter = wanted[codes[j]], roles[lane_role[lane]]
+        waits[target][waiter][(lane_rank[lane], step)] += _ms(ns[j])
+        waited_on[target][waiter][table.causes[table.cause[j]][1]] += _ms(ns[j])
 
 
 def bubbles(analysis: TimelineAnalysis) -> list[Finding]:
-    """One finding per role idle at least :data:`BUBBLE_MIN_SHARE` of its rank-time, naming what it waited for."""
+    """One finding per role idle at least :data:`BUBBLE_MIN_SHARE` of its rank-time, naming what it waited for; the
+    waits for a straggler are that straggler's finding (said there), and the SDK's own time is no one's idle."""
     steps, worked, aligned = analysis.steps, analysis.worked, analysis.aligned
-    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # busy, idle, rank-steps
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0])  # rank-time, idle, rank-steps
     causes: dict[str, dict[tuple[str | None, str], float]] = defaultdict(lambda: defaultdict(float))
     seen: dict[str, list[int]] = defaultdict(list)
     for timeline in steps:
         for name, role in timeline.roles.items():
             total = totals[name]
-            total[0] += role.busy_ms
+            total[0] += role.busy_ms + role.idle_ms + role.instrument_ms
             total[1] += role.idle_ms
             total[2] += role.ranks
             seen[name].append(timeline.step)
             for w in role.waited_for:
-                causes[name][(w.role, w.stage)] += w.ms
+                if not w.stage.startswith(SDK_STAGE_PREFIX):
+                    causes[name][(w.role, w.stage)] += w.ms
+    explained: dict[str, float] = defaultdict(float)  # waiting role -> ms its stragglers' findings say
+    for straggler in analysis.stragglers:
+        for waiter, caused in straggler.caused.items():
+            explained[waiter] += caused
+            stages = straggler.waits_by_cause.get(waiter, {})
+            waited = sum(stages.values())
+            for stage, ms in stages.items():  # out of what it waited on, in proportion
+                causes[waiter][(straggler.role, stage)] -= caused * ms / waited if waited else 0.0
     findings = []
-    for name, (busy, idle, rank_steps) in sorted(totals.items()):
-        rank_time = busy + idle
+    for name, (rank_time, role_idle, rank_steps) in sorted(totals.items()):
+        idle = role_idle - explained[name]
         if name not in worked or rank_time <= 0 or idle / rank_time < BUBBLE_MIN_SHARE:
             continue
         per_rank = idle / rank_steps
         if per_rank < FLOOR_MS:
             continue
-        text = f"{name} ranks are idle {100 * idle / rank_time:.0f}% of their step time"
+        besides = " besides waiting for the straggler above" if explained[name] / rank_steps >= FLOOR_MS else ""
+        text = f"{name} ranks are idle {100 * idle / rank_time:.0f}% of their step time{besides}"
         text += f" ({_duration(per_rank)} a step each)"
         ranked = sorted(causes[name].items(), key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
         ranked = [(cause, ms) for cause, ms in ranked[:2] if ms >= 0.01 * rank_time]  # not a 0% cause
@@ -309,60 +412,67 @@ def bubbles(analysis: TimelineAnalysis) -> list[Finding]:
 
 
 def dominant_stage(analysis: TimelineAnalysis) -> list[Finding]:
-    """The (role, stage) with the largest median share of the step, when at least :data:`DOMINANT_MIN_SHARE`."""
+    """The (role, stage) with the largest median time, when at least :data:`DOMINANT_MIN_SHARE` of the median step
+    (the user's: without the SDK's own time); its share and its ms are of the same median."""
     steps, stage_times, aligned = analysis.steps, analysis.stage_times, analysis.aligned
     if not steps:
         return []
     keys = sorted({key for times in stage_times for key in times})
-    walls = [s.wall_ms for s in steps]
-    median_wall = statistics.median(walls)
-    best: tuple[float, float, tuple[str, str]] | None = None
+    median_wall = statistics.median(s.user_wall_ms for s in steps)
+    best: tuple[float, tuple[str, str]] | None = None
     for key in keys:
-        shares = [
-            _ms(times.get(key, 0)) / s.wall_ms if s.wall_ms > 0 else 0.0
-            for s, times in zip(steps, stage_times, strict=True)
-        ]
-        share = statistics.median(shares)
         ms = statistics.median(_ms(times.get(key, 0)) for times in stage_times)
-        if best is None or share > best[0]:
-            best = (share, ms, key)
-    if best is None or best[0] < DOMINANT_MIN_SHARE:
+        if best is None or ms > best[0]:
+            best = (ms, key)
+    if best is None or median_wall <= 0 or best[0] / median_wall < DOMINANT_MIN_SHARE:
         return []
-    share, ms, (role, stage) = best
+    ms, (role, stage) = best
     where = " on the critical path" if aligned else " on its longest rank"
     text = (
-        f"step {_duration(median_wall)} (median of {len(steps)}): {role} {stage} is {100 * share:.0f}% of it "
-        f"({_duration(ms)} a step{where})"
+        f"step {_duration(median_wall)} (median of {len(steps)}): {role} {stage} is {100 * ms / median_wall:.0f}% "
+        f"of it ({_duration(ms)} a step{where}, median)"
     )
-    generation = statistics.median(s.generation_pct for s in steps)
+    generation = statistics.median(s.generation_ms for s in steps)
     if generation > 0 and stage not in GENERATION_STAGES and role != GENERATION_ROLE:
-        text += f"; generation is {generation:.0f}% of the step"
+        text += f"; generation is {100 * generation / median_wall:.0f}% of the step"
     return [Finding("dominant_stage", text, ms, role, stage, None, tuple(s.step for s in steps))]
 
 
 def slow_steps(analysis: TimelineAnalysis) -> list[Finding]:
-    """The steps at least :data:`SLOW_STEP_RATIO` x the median step, naming the stage that grew most."""
+    """The steps at least :data:`SLOW_STEP_RATIO` x the median step, naming the stage that grew most. Steps are the
+    user's (the SDK's own time left out), and what a straggler added to a step is that straggler's finding."""
     steps, stage_times = analysis.steps, analysis.stage_times
     if len(steps) < SLOW_STEP_MIN_STEPS:
         return []
-    median_wall = statistics.median(s.wall_ms for s in steps)
+    median_wall = statistics.median(s.user_wall_ms for s in steps)
     if median_wall <= 0:
         return []
-    slow = [
-        (s, times)
-        for s, times in zip(steps, stage_times, strict=True)
-        if s.wall_ms >= SLOW_STEP_RATIO * median_wall and s.wall_ms - median_wall >= FLOOR_MS
-    ]
+    added: dict[int, int] = defaultdict(int)  # step -> ns the stragglers added to it
+    for straggler in analysis.stragglers:
+        for _, _, record in straggler.stages:
+            for step in record.slow_steps:
+                added[step] = max(added[step], straggler.excess_on(step))
+    slow = []
+    for s, times in zip(steps, stage_times, strict=True):
+        wall = s.user_wall_ms - _ms(added.get(s.step, 0))
+        if wall >= SLOW_STEP_RATIO * median_wall and wall - median_wall >= FLOOR_MS:
+            slow.append((s, times, wall))
     if not slow:
         return []
-    slowest, slowest_times = max(slow, key=lambda st: (st[0].wall_ms, -st[0].step))
-    walls = ", ".join(_duration(s.wall_ms) for s, _ in slow[:5])
-    numbers = [s.step for s, _ in slow]
+    slowest, slowest_times, slowest_wall = max(slow, key=lambda st: (st[2], -st[0].step))
+    walls = ", ".join(_duration(wall) for _, _, wall in slow[:5])
+    numbers = [s.step for s, _, _ in slow]
+    traced = any(s.traced for s, _, _ in slow)
+    labels = [f"{s.step} (traced)" if s.traced else str(s.step) for s, _, _ in slow]
+    shown = ", ".join(labels[:5]) + (", \u2026" if len(labels) > 5 else "")
+    without = " without instrument's own time" if traced else ""
     text = (
-        f"step{'s' if len(slow) > 1 else ''} {_steps_text(numbers)} took {walls}, "
-        f"{'up to ' if len(slow) > 1 else ''}{slowest.wall_ms / median_wall:.1f}{_TIMES} the median step "
+        f"step{'s' if len(slow) > 1 else ''} {shown} took {walls}{without}, "
+        f"{'up to ' if len(slow) > 1 else ''}{slowest_wall / median_wall:.1f}{_TIMES} the median step "
         f"({_duration(median_wall)})"
     )
+    if traced:
+        text += " (a traced step's code also runs slower under the profiler)"
     grown = []
     for key, ns in slowest_times.items():
         typical = statistics.median(times.get(key, 0) for times in stage_times)
@@ -371,9 +481,28 @@ def slow_steps(analysis: TimelineAnalysis) -> list[Finding]:
         extra, (role, stage) = max(grown, key=lambda g: (g[0], g[1]))
         if extra > 0:
             text += f"; on step {slowest.step} the most extra was {role} {stage} (+{_duration(_ms(extra))})"
-    lost = sum(s.wall_ms - median_wall for s, _ in slow) / len(steps)
+    lost = sum(wall - median_wall for _, _, wall in slow) / len(steps)
     return [Finding("slow_step", text, lost, None, None, None, tuple(numbers))]
 
 
-for _rule in (stragglers, bubbles, dominant_stage, slow_steps):
+def instrument_time(analysis: TimelineAnalysis) -> list[Finding]:
+    """The SDK's own time on the traced steps (profiler start-up, stop, export), said so that no one takes it for
+    the user's: every other finding leaves it out. Ranked last (:func:`rank`)."""
+    steps = analysis.steps
+    traced = [s for s in steps if s.instrument_ms >= FLOOR_MS]
+    if not traced:
+        return []
+    parts = [f"{_duration(s.instrument_ms)} of step {s.step}'s {_duration(s.wall_ms)}" for s in traced[:3]]
+    more = f" and {len(traced) - 3} more steps" if len(traced) > 3 else ""
+    numbers = [s.step for s in traced]
+    text = (
+        f"step{'s' if len(traced) > 1 else ''} {_steps_text(numbers)} {'were' if len(traced) > 1 else 'was'} "
+        f"traced: {', '.join(parts)}{more} is instrument's own work (profiler start-up, stop and export), "
+        "not your code; the other findings leave it out"
+    )
+    lost = sum(s.instrument_ms for s in traced) / len(steps)
+    return [Finding(INSTRUMENT_KIND, text, lost, None, None, None, tuple(numbers))]
+
+
+for _rule in (stragglers, bubbles, dominant_stage, slow_steps, instrument_time):
     register_finding(_rule)

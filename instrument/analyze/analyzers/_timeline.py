@@ -77,6 +77,7 @@ spans, lanes, waits, critical path and values); the result values are in :mod:`i
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 from bisect import bisect_right
 from collections import Counter
@@ -182,7 +183,8 @@ class _Peers:
                         self.slow[code] = record = Peering()
                     record.slow_steps.append(step)
                     record.ratios.append(ns / median)
-                    record.excess_ns += ns - round(median)
+                    record.excesses.append(ns - round(median))
+                    record.excess_ns += record.excesses[-1]
             first = past
 
     def peering(self) -> dict[tuple[str, str, _Key], Peering]:
@@ -201,6 +203,14 @@ class _Peers:
 
 
 _first, _second, _third = itemgetter(0), itemgetter(1), itemgetter(2)
+
+
+def _as_drivers(timeline: StepTimeline, drivers: set[str]) -> StepTimeline:
+    roles = {
+        name: dataclasses.replace(role, idle_ms=0.0, driver=True) if name in drivers else role
+        for name, role in timeline.roles.items()
+    }
+    return dataclasses.replace(timeline, roles=roles)
 
 
 def analyze_timeline(
@@ -251,6 +261,9 @@ def _analyze(table: SpanTable, aligned: bool, clock_uncertainty_ns: int, wait_to
         max_uncertainty_ms=_ms(clock_uncertainty_ns) if aligned else None,
         note=None if aligned else UNALIGNED_NOTE,
     )
+    drivers = {role for timeline in timelines for role in timeline.roles} - worked
+    if drivers:  # a role that ran no stage holds the step open: what it waited on, never its idle
+        timelines = [_as_drivers(timeline, drivers) for timeline in timelines]
     steps = tuple(timelines)
     facts = TimelineAnalysis(steps, tuple(stage_times), peers.peering(), frozenset(worked), aligned)
     return TimelineReport(clock, steps, findings_of(facts), skipped)

@@ -37,6 +37,7 @@ from instrument.analyze.model import (
     StepTimeline,
     TimeShare,
 )
+from instrument.naming import SDK_STAGE_PREFIX
 from instrument.timeline import SpanTable
 
 __all__ = [
@@ -79,13 +80,31 @@ class _Names:
     """The (role, stage) of every stage name in a table, numbered in their sorted order, and each part's name
     entries as kinds, roles and those numbers (-1: not a stage)."""
 
-    __slots__ = ("causes", "generation", "keys", "kids", "kinds", "nonstage", "order", "roles", "stage_role")
+    __slots__ = (
+        "causes",
+        "generation",
+        "keys",
+        "kids",
+        "kinds",
+        "nonstage",
+        "order",
+        "own",
+        "roles",
+        "sdk",
+        "stage_role",
+    )
 
     def __init__(self, table: SpanTable) -> None:
         keys = sorted({(r, s) for columns, _ in table.parts for k, r, s in columns.names if k == "stage"})
         self.keys: list[tuple[str, str]] = keys
         self.causes: list[tuple[str | None, str]] = [*keys, (None, UNATTRIBUTED)]  # a RankTable's, by number
-        self.generation = [stage in GENERATION_STAGES or role == GENERATION_ROLE for role, stage in keys]
+        # The SDK's own spans (instrument:<what>), by number: neither the user's stage time nor idle.
+        self.sdk = [stage.startswith(SDK_STAGE_PREFIX) for _, stage in keys]
+        self.own = frozenset(kid for kid, sdk in enumerate(self.sdk) if sdk)
+        self.generation = [
+            not sdk and (stage in GENERATION_STAGES or role == GENERATION_ROLE)
+            for (role, stage), sdk in zip(keys, self.sdk, strict=True)
+        ]
         # A wait's place in the order TimeShare values sort in, after their ms: (role or "", stage), by number.
         shown = [(role or "", stage) for role, stage in self.causes]
         place = {pair: i for i, pair in enumerate(sorted(set(shown)))}
@@ -220,7 +239,8 @@ class Lane:
 
     Its busy runs (the merged top-level stages) are ``block_starts`` / ``block_ends``; its top-level stages
     ``top_starts`` / ``top_ends`` (ascending, both) / ``top_kids``; ``by_stage`` is stage number -> ns, the union
-    of its calls, in the order the stages first start."""
+    of its calls, in the order the stages first start, for the user's stages only: the SDK's own spans are
+    ``instrument`` ns, taken out of ``busy`` and out of the top-level stage they lie in (``nested``)."""
 
     __slots__ = (
         "block_ends",
@@ -231,6 +251,8 @@ class Lane:
         "ended",
         "generation",
         "index",
+        "instrument",
+        "nested",
         "rank",
         "role",
         "start",
@@ -252,6 +274,8 @@ class Lane:
         self.busy = 0
         self.by_stage: dict[int, int] = {}
         self.generation = 0
+        self.instrument = 0  # ns of the SDK's own spans (not in busy, not in by_stage)
+        self.nested: list[tuple[int, int, int]] = []  # SDK spans inside a top-level user stage: (start, end, kid)
         self.ended: Sequence[_Ended] = ()  # its role-index entries, while the step's index is built
 
 
@@ -365,6 +389,7 @@ class Step:
         self, step: int, spans: StepSpans, names: _Names, aligned: bool, uncertainty: int, tolerance: int
     ) -> None:
         self.step = step
+        self.own = names.own
         self.aligned = aligned
         self.uncertainty = uncertainty
         self.tolerance = tolerance
@@ -438,6 +463,8 @@ class Step:
             lane.ended,
         ) = indexed
         lane.busy = sum(map(sub, lane.block_ends, lane.block_starts))
+        if self.own and not self.own.isdisjoint(lane.by_stage):
+            _own_time(lane, starts, ends, kids, self.own)
         self.generation_runs.extend(gen_runs)
         return lane
 
@@ -597,7 +624,11 @@ class Step:
                 j = bisect_left(lane.top_ends, t)
                 a = lane.top_starts[j]
                 role, stage = self.keys[lane.top_kids[j]]
-                add_part(role, stage, lane.rank, t - max(a, w0))
+                low, own = max(a, w0), 0
+                for kid, ns in _inside(lane.nested, low, t):  # the SDK's own time inside it is its own part
+                    add_part(*self.keys[kid], lane.rank, ns)
+                    own += ns
+                add_part(role, stage, lane.rank, t - low - own)
                 t = a
                 continue
             # t starts a busy run: what did the lane wait for in the gap before it?
@@ -634,13 +665,19 @@ class Step:
             generation = max(lane.generation for lane in lanes)
         table = RankTable(self.causes)  # the step's lanes and waits as columns: millions of waits at 4,096 ranks
         busy = [lane.busy for lane in lanes]
-        idle = [lane.end - lane.start - lane.busy for lane in lanes]
+        own = [lane.instrument for lane in lanes]
+        idle = [lane.end - lane.start - lane.busy - lane.instrument for lane in lanes]
         if self.aligned:
             kids, ranks, ns, bounds = self._waits()
         else:
             kids, ranks, ns, bounds = [], [], [], [0] * (len(lanes) + 1)
+        if self.own and not self.own.isdisjoint(kids):  # waits for the SDK's own spans are its time, not idle
+            for j in compress(range(len(kids)), map(self.own.__contains__, kids)):
+                i = bisect_right(bounds, j) - 1
+                own[i] += ns[j]
+                idle[i] -= ns[j]
         table.add_lanes(
-            [lane.rank for lane in lanes], [lane.role for lane in lanes], busy, idle, bounds, kids, ranks, ns
+            [lane.rank for lane in lanes], [lane.role for lane in lanes], busy, idle, bounds, kids, ranks, ns, own
         )
         roles = {}
         first = 0
@@ -651,17 +688,23 @@ class Step:
             named = [(self.causes[kid], ms) for kid, ms in summed.items()]
             ranked = sorted(named, key=lambda kv: (-kv[1], kv[0][0] or "", kv[0][1]))
             shares = tuple(TimeShare(r, s, None, ms) for (r, s), ms in ranked)
-            role_busy, role_idle = sum(busy[first:past]), sum(idle[first:past])
-            roles[role] = RoleTimeline(role, past - first, _ms(role_busy), _ms(role_idle), shares)
+            role_busy, role_idle, role_own = sum(busy[first:past]), sum(idle[first:past]), sum(own[first:past])
+            roles[role] = RoleTimeline(role, past - first, _ms(role_busy), _ms(role_idle), shares, _ms(role_own))
             first = past
-        return StepTimeline(self.step, _ms(wall), path, roles, table, _ms(generation))
+        if self.aligned:
+            instrument = sum(ns for _, stage, _, ns in self.path if stage.startswith(SDK_STAGE_PREFIX))
+        else:
+            instrument = max(own, default=0)
+        traced = any(lane.instrument for lane in lanes)
+        return StepTimeline(self.step, _ms(wall), path, roles, table, _ms(generation), _ms(instrument), traced=traced)
 
     def stage_time(self) -> dict[tuple[str, str], int]:
-        """(role, stage) -> ns of the step it accounts for: on the critical path; unaligned, its longest lane."""
+        """(role, stage) -> ns of the step it accounts for: on the critical path; unaligned, its longest lane (the
+        user's stages only: the SDK's own spans are the step's ``instrument_ms``)."""
         totals: dict[tuple[str, str], int] = defaultdict(int)
         if self.aligned:
             for role, stage, _, ns in self.path:
-                if stage != IDLE:
+                if stage != IDLE and not stage.startswith(SDK_STAGE_PREFIX):
                     totals[(role, stage)] += ns
         else:
             keys = self.keys
@@ -670,6 +713,37 @@ class Step:
                     key = keys[kid]
                     totals[key] = max(totals[key], ns)
         return totals
+
+
+def _own_time(lane: Lane, starts: list[int], ends: list[int], kids: list[int], own: frozenset[int]) -> None:
+    """Takes the SDK's own spans out of ``lane``'s user time: their ns (each one's calls' union, as ``by_stage``
+    gives it) go from ``by_stage`` and ``busy`` to ``instrument``; one inside a top-level user stage (an export in a
+    profiler's schedule step) is taken out of that stage's time too, and kept in ``nested`` for the critical path."""
+    by_stage = lane.by_stage
+    lane.instrument = sum(by_stage.pop(kid) for kid in own.intersection(by_stage))
+    lane.busy = max(0, lane.busy - lane.instrument)
+    top_starts, top_ends, top_kids = lane.top_starts, lane.top_ends, lane.top_kids
+    for start, end, kid in zip(starts, ends, kids, strict=True):
+        if kid not in own:
+            continue
+        a, b = max(start, lane.start), min(end, lane.end)
+        j = bisect_right(top_starts, a) - 1
+        if b <= a or j < 0 or top_kids[j] in own or top_ends[j] < b:
+            continue  # top-level itself (or across a stage's edge: left to the stage)
+        parent = top_kids[j]
+        by_stage[parent] = max(0, by_stage[parent] - (b - a))
+        lane.nested.append((a, b, kid))
+    lane.nested.sort()
+
+
+def _inside(nested: list[tuple[int, int, int]], low: int, high: int) -> list[tuple[int, int]]:
+    """The SDK's nested spans' ns within ``[low, high]``, by stage number."""
+    found: dict[int, int] = {}
+    for a, b, kid in nested:
+        ns = min(b, high) - max(a, low)
+        if ns > 0:
+            found[kid] = found.get(kid, 0) + ns
+    return sorted(found.items())
 
 
 def _clipped(

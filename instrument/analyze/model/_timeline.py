@@ -68,19 +68,21 @@ WaitRow = tuple[str | None, str, int | None, int]
 
 
 class RankTimeline:
-    """One lane in one step: busy (its stages' union), idle (the rest of its step span), and the causes.
+    """One lane in one step: busy (its stages' union), ``instrument_ms`` (the SDK's own spans, and waits for them
+    on other ranks), idle (the rest of its step span), and the causes.
 
     Immutable, and equal by its values as a dataclass is. ``waited_for`` is given as :class:`TimeShare` values,
     or as ``(table, lane)``, a lane of a step's :class:`RankTable`: the analysis stores millions of waits that
     way, and each read makes the tuple afresh."""
 
-    __slots__ = ("_lane", "_waits", "busy_ms", "idle_ms", "rank", "role")
-    __match_args__ = ("rank", "role", "busy_ms", "idle_ms", "waited_for")
+    __slots__ = ("_lane", "_waits", "busy_ms", "idle_ms", "instrument_ms", "rank", "role")
+    __match_args__ = ("rank", "role", "busy_ms", "idle_ms", "waited_for", "instrument_ms")
 
     rank: int
     role: str
     busy_ms: float
     idle_ms: float
+    instrument_ms: float
     _waits: tuple[TimeShare, ...] | RankTable
     _lane: int
 
@@ -91,12 +93,14 @@ class RankTimeline:
         busy_ms: float,
         idle_ms: float,
         waited_for: tuple[TimeShare, ...] | tuple[RankTable, int] = (),
+        instrument_ms: float = 0.0,
     ) -> None:
         setter = object.__setattr__
         setter(self, "rank", rank)
         setter(self, "role", role)
         setter(self, "busy_ms", busy_ms)
         setter(self, "idle_ms", idle_ms)
+        setter(self, "instrument_ms", instrument_ms)
         if len(waited_for) == 2 and isinstance(waited_for[0], RankTable):
             setter(self, "_waits", waited_for[0])
             setter(self, "_lane", waited_for[1])
@@ -119,8 +123,8 @@ class RankTimeline:
             return ((w.role, w.stage, w.rank, w.ms) for w in waits)
         return waits.waits_ms(self._lane)
 
-    def _values(self) -> tuple[int, str, float, float, tuple[TimeShare, ...]]:
-        return (self.rank, self.role, self.busy_ms, self.idle_ms, self.waited_for)
+    def _values(self) -> tuple[int, str, float, float, tuple[TimeShare, ...], float]:
+        return (self.rank, self.role, self.busy_ms, self.idle_ms, self.waited_for, self.instrument_ms)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is not self.__class__:
@@ -137,13 +141,13 @@ class RankTimeline:
     def __delattr__(self, name: str) -> None:
         raise FrozenInstanceError(f"cannot delete field {name!r}")
 
-    def __reduce__(self) -> tuple[type[RankTimeline], tuple[int, str, float, float, tuple[TimeShare, ...]]]:
+    def __reduce__(self) -> tuple[type[RankTimeline], tuple[int, str, float, float, tuple[TimeShare, ...], float]]:
         return (RankTimeline, self._values())
 
     def __repr__(self) -> str:
         return (
             f"RankTimeline(rank={self.rank!r}, role={self.role!r}, busy_ms={self.busy_ms!r}, "
-            f"idle_ms={self.idle_ms!r}, waited_for={self.waited_for!r})"
+            f"idle_ms={self.idle_ms!r}, waited_for={self.waited_for!r}, instrument_ms={self.instrument_ms!r})"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -152,6 +156,7 @@ class RankTimeline:
             "role": self.role,
             "busy_ms": _round(self.busy_ms),
             "idle_ms": _round(self.idle_ms),
+            "instrument_ms": _round(self.instrument_ms),
             "waited_for": [
                 {"role": role, "stage": stage, "rank": rank, "ms": _round(ms)} for role, stage, rank, ms in self.waits()
             ],
@@ -166,6 +171,7 @@ class RankTimeline:
             _json.number(data, "busy_ms", 0.0),
             _json.number(data, "idle_ms", 0.0),
             tuple(TimeShare.from_json(w, "a wait") for w in _json.rows(data, "waited_for", [])),
+            _json.number(data, "instrument_ms", 0.0),
         )
 
 
@@ -174,9 +180,9 @@ class RankTable(Sequence["RankTimeline"]):
     one is read. Compares equal to any sequence of the same rows.
 
     At 4,096 ranks a report holds ~400k lanes and ~4M waits: ~150 and ~96 bytes each as objects, 26 and 20 here.
-    Lane ``i`` is ``roles[role[i]]``, ``rank[i]``, ``busy_ns[i]``, ``idle_ns[i]``; its waits are rows ``at[i]``
-    to ``at[i + 1]`` of ``causes[cause[j]]`` (role, stage), ``wait_rank[j]`` (ignored when the role is ``None``:
-    unattributed) and ``wait_ns[j]``, in the order they are reported."""
+    Lane ``i`` is ``roles[role[i]]``, ``rank[i]``, ``busy_ns[i]``, ``idle_ns[i]``, ``instrument_ns[i]``; its waits are
+    rows ``at[i]`` to ``at[i + 1]`` of ``causes[cause[j]]`` (role, stage), ``wait_rank[j]`` (ignored when the role
+    is ``None``: unattributed) and ``wait_ns[j]``, in the order they are reported."""
 
     __slots__ = (
         "_causes",
@@ -187,6 +193,7 @@ class RankTable(Sequence["RankTimeline"]):
         "cause",
         "causes",
         "idle_ns",
+        "instrument_ns",
         "rank",
         "role",
         "roles",
@@ -201,6 +208,7 @@ class RankTable(Sequence["RankTimeline"]):
         self.rank = array("q")
         self.busy_ns = array("q")
         self.idle_ns = array("q")
+        self.instrument_ns = array("q")
         self.causes: Sequence[tuple[str | None, str]] = causes
         self.cause = array("I")
         self.wait_rank = array("q")
@@ -210,7 +218,7 @@ class RankTable(Sequence["RankTimeline"]):
         self._causes: dict[tuple[str | None, str], int] | None = None if causes else {}
         self._named: tuple[list[str | None], list[str], frozenset[int]] | None = None  # made as first read
 
-    def _lane(self, rank: int, role: str, busy_ns: int, idle_ns: int) -> None:
+    def _lane(self, rank: int, role: str, busy_ns: int, idle_ns: int, instrument_ns: int) -> None:
         roles = self._roles
         self.role.append(roles.setdefault(role, len(roles)))
         if len(roles) != len(self.roles):
@@ -218,10 +226,13 @@ class RankTable(Sequence["RankTimeline"]):
         self.rank.append(rank)
         self.busy_ns.append(busy_ns)
         self.idle_ns.append(idle_ns)
+        self.instrument_ns.append(instrument_ns)
 
-    def add(self, rank: int, role: str, busy_ns: int, idle_ns: int, waits: list[WaitRow]) -> None:
-        """Append one lane: its busy and idle time and its waits (in order)."""
-        self._lane(rank, role, busy_ns, idle_ns)
+    def add(
+        self, rank: int, role: str, busy_ns: int, idle_ns: int, waits: list[WaitRow], instrument_ns: int = 0
+    ) -> None:
+        """Append one lane: its busy, idle (and the SDK's) time and its waits (in order)."""
+        self._lane(rank, role, busy_ns, idle_ns, instrument_ns)
         causes = self._causes
         if causes is None:  # numbered by a table given at the start: grown from it
             self._causes = causes = {cause: i for i, cause in reversed(list(enumerate(self.causes)))}
@@ -241,10 +252,11 @@ class RankTable(Sequence["RankTimeline"]):
         causes: Sequence[int],
         ranks: Sequence[int],
         ns: Sequence[int],
+        instrument_ns: int = 0,
     ) -> None:
         """Append one lane whose waits are columns already: ``causes`` numbers into :attr:`causes` (the table
         given at the start), ``ranks`` (-1 where unattributed) and ``ns``, in order."""
-        self._lane(rank, role, busy_ns, idle_ns)
+        self._lane(rank, role, busy_ns, idle_ns, instrument_ns)
         self.cause.extend(causes)
         self.wait_rank.extend(ranks)
         self.wait_ns.extend(ns)
@@ -260,6 +272,7 @@ class RankTable(Sequence["RankTimeline"]):
         causes: Sequence[int],
         wait_ranks: Sequence[int],
         wait_ns: Sequence[int],
+        instrument_ns: Sequence[int] | None = None,
     ) -> None:
         """Append lanes as columns, what :meth:`add_numbered` lane after lane gives: lane ``i``'s waits are rows
         ``bounds[i]`` to ``bounds[i + 1]`` of ``causes`` / ``wait_ranks`` / ``wait_ns`` (``bounds[0]`` is 0)."""
@@ -272,6 +285,7 @@ class RankTable(Sequence["RankTimeline"]):
         self.rank.extend(ranks)
         self.busy_ns.extend(busy_ns)
         self.idle_ns.extend(idle_ns)
+        self.instrument_ns.extend(repeat(0, len(ranks)) if instrument_ns is None else instrument_ns)
         base = len(self.wait_ns)
         self.at.extend(map(base.__add__, islice(bounds, 1, None)))
         self.cause.extend(causes)
@@ -327,6 +341,7 @@ class RankTable(Sequence["RankTimeline"]):
             self.busy_ns[index] / _NS_PER_MS,
             self.idle_ns[index] / _NS_PER_MS,
             (self, index),
+            self.instrument_ns[index] / _NS_PER_MS,
         )
 
     def __iter__(self) -> Iterator[RankTimeline]:
@@ -345,17 +360,23 @@ class RankTable(Sequence["RankTimeline"]):
 
 @dataclass(frozen=True, slots=True)
 class RoleTimeline:
-    """A role's lanes in one step, in rank-time (summed over its ``ranks`` lanes)."""
+    """A role's lanes in one step, in rank-time (summed over its ``ranks`` lanes).
+
+    ``instrument_ms``: the SDK's own spans and the waits for them (neither busy nor idle). A ``driver`` (a role
+    that ran no stage in the run: a controller holding the step open) is never idle: ``idle_ms`` is 0 and
+    ``waited_for`` says what it waited on."""
 
     role: str
     ranks: int
     busy_ms: float
     idle_ms: float
     waited_for: tuple[TimeShare, ...]  # by (role, stage) of the cause; rank None; largest first
+    instrument_ms: float = 0.0
+    driver: bool = False
 
     @property
     def idle_pct(self) -> float:
-        total = self.busy_ms + self.idle_ms
+        total = self.busy_ms + self.idle_ms + self.instrument_ms
         return 100.0 * self.idle_ms / total if total > 0 else 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -364,6 +385,8 @@ class RoleTimeline:
             "busy_ms": _round(self.busy_ms),
             "idle_ms": _round(self.idle_ms),
             "idle_pct": round(self.idle_pct, 2),
+            "instrument_ms": _round(self.instrument_ms),
+            "driver": self.driver,
             "waited_for": [{"role": w.role, "stage": w.stage, "ms": _round(w.ms)} for w in self.waited_for],
         }
 
@@ -376,12 +399,15 @@ class RoleTimeline:
             _json.number(data, "busy_ms", 0.0),
             _json.number(data, "idle_ms", 0.0),
             tuple(TimeShare.from_json(w, "a wait") for w in _json.rows(data, "waited_for", [])),
+            _json.number(data, "instrument_ms", 0.0),
+            _json.boolean(data, "driver", False, what=f"role {role}'s 'driver'"),
         )
 
 
 @dataclass(frozen=True, slots=True)
 class StepTimeline:
-    """One step across all lanes."""
+    """One step across all lanes. ``instrument_ms``: the SDK's own time in its wall (on the critical path; unaligned,
+    the most on one rank); ``traced``: a profiler recorded it (the SDK's spans, or trace files, say so)."""
 
     step: int
     wall_ms: float
@@ -389,10 +415,17 @@ class StepTimeline:
     roles: Mapping[str, RoleTimeline]
     ranks: Sequence[RankTimeline]  # by (role, rank); from the analysis a RankTable, its rows made as read
     generation_ms: float
+    instrument_ms: float = 0.0
+    traced: bool = False
 
     @property
     def generation_pct(self) -> float:
         return 100.0 * self.generation_ms / self.wall_ms if self.wall_ms > 0 else 0.0
+
+    @property
+    def user_wall_ms(self) -> float:
+        """The wall time without the SDK's own: what the user's code took (slow steps are judged on it)."""
+        return max(0.0, self.wall_ms - self.instrument_ms)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -403,6 +436,8 @@ class StepTimeline:
             "ranks": [r.to_json() for r in self.ranks],
             "generation_ms": _round(self.generation_ms),
             "generation_pct": round(self.generation_pct, 2),
+            "instrument_ms": _round(self.instrument_ms),
+            "traced": self.traced,
         }
 
     @classmethod
@@ -416,6 +451,8 @@ class StepTimeline:
             {name: RoleTimeline.from_json(name, _json.mapping(roles, name)) for name in roles},
             tuple(RankTimeline.from_json(r) for r in _json.rows(data, "ranks", [])),
             _json.number(data, "generation_ms", 0.0),
+            _json.number(data, "instrument_ms", 0.0),
+            _json.boolean(data, "traced", False, what="a step's 'traced'"),
         )
 
 

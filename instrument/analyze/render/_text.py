@@ -309,7 +309,8 @@ def _print_timeline(console: Any, findings: list[str], steps: list[tuple[str, ..
     if steps:
         per_step = Table(title="Steps", title_justify="left", header_style="bold")
         for i, header in enumerate(STEP_HEADERS):
-            number = header in ("step", "wall ms")  # whole on one line; the critical path wraps between words
+            # Whole on one line; the critical path wraps between words.
+            number = header in ("step", "wall ms", "instrument ms")
             per_step.add_column(
                 header,
                 justify="right" if number else "left",

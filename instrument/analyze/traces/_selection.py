@@ -16,6 +16,7 @@ from pathlib import Path
 
 from instrument.analyze.model import Filters, IntRanges, Skipped, StageStats, TraceFile, label_key
 from instrument.analyze.traces._discover import NO_RUN_ID, Run
+from instrument.naming import SDK_STAGE_PREFIX
 from instrument.timeline import SpanColumns, Timeline
 
 __all__ = ["NothingMatchedError", "Selection"]
@@ -71,7 +72,7 @@ class Selection:
                 self.steps.update(span.step for span in spans)
                 labels = {(span.kind, span.role, span.stage) for span in spans}
             for kind, _role, stage in labels:
-                if kind != "step":
+                if kind != "step" and not stage.startswith(SDK_STAGE_PREFIX):  # the SDK's own spans: no user stage
                     self.stages.setdefault(label_key(stage), stage)
 
     def add_read(self, stages: Iterable[StageStats]) -> None:

@@ -150,6 +150,12 @@ class TraceSpans:
             if step is not None and _step(step) and (kept := _range(base, start, end)) is not None:
                 process.stages.append((trace.role, name, step, *kept))
 
+    def steps(self) -> set[int]:
+        """The steps a read trace holds (a step range, or a stage range in it)."""
+        return {step for p in self._processes.values() for step in p.steps} | {
+            stage[2] for p in self._processes.values() for stage in p.stages
+        }
+
     def timelines(self) -> list[Timeline]:
         """One timeline per process, with the steps that hold a traced stage; empty when none does."""
         processes = [p for p in self._processes.values() if p.stages]

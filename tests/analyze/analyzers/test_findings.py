@@ -58,7 +58,13 @@ def rules() -> Iterator[None]:
 
 
 def test_the_built_in_rules_are_the_list() -> None:
-    assert [r.__name__ for r in registered_findings()] == ["stragglers", "bubbles", "dominant_stage", "slow_steps"]
+    assert [r.__name__ for r in registered_findings()] == [
+        "stragglers",
+        "bubbles",
+        "dominant_stage",
+        "slow_steps",
+        "instrument_time",
+    ]
 
 
 def test_registering_twice_keeps_one_and_unregistering_an_absent_rule_is_no_error() -> None:

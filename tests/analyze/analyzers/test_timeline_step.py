@@ -232,7 +232,7 @@ def test_the_stragglers_waits_read_from_the_columns_are_the_rows_waits(
     got: dict[tuple[str, int], dict[str, dict[tuple[int, int], float]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(float))
     )
-    _waits_for(table, 3, wanted, got)
+    _waits_for(table, 3, wanted, got, defaultdict(lambda: defaultdict(lambda: defaultdict(float))))
     assert {k: {r: dict(v) for r, v in by.items()} for k, by in got.items()} == {
         k: {r: dict(v) for r, v in by.items()} for k, by in expected.items()
     }

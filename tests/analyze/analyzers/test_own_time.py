@@ -1,0 +1,181 @@
+"""The SDK's own time (stages named ``instrument:<what>``) is its own: never the user's stage time or idle, its own
+column and finding, left out of slow steps and stragglers; causes (a straggler) before their effects (idle, slow
+steps); one quantity per finding. Every input is built with exact durations: no clock is read, nothing sleeps.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from instrument.analyze.analyzers._findings import INSTRUMENT_KIND
+from instrument.analyze.analyzers._timeline import analyze_timeline
+from instrument.analyze.model import TimelineReport
+from instrument.naming import SDK_STAGE_PREFIX, check_label
+from instrument.timeline import Span
+from tests.analyze.analyzers.test_timeline import stage, step_span
+
+START = SDK_STAGE_PREFIX + "profiler_start"
+STOP = SDK_STAGE_PREFIX + "profiler_stop"
+EXPORT = SDK_STAGE_PREFIX + "profiler_step"
+
+
+def traced_loop(steps: int = 5, traced: int = 3, start_ms: float = 4000.0) -> list[Span]:
+    """One actor rank, one 10 ms update_actor a step with no code between; step ``traced`` starts the profiler
+    (``start_ms``) before the stage, exports 30 ms inside it (a schedule's step) and stops for 50 ms after it."""
+    spans = []
+    for step in range(1, steps + 1):
+        t = step * 100_000.0
+        if step == traced:
+            spans += [
+                step_span("actor", 0, t, t + start_ms + 40 + 50, step),
+                stage("actor", START, 0, t, t + start_ms, step),
+                stage("actor", "update_actor", 0, t + start_ms, t + start_ms + 40, step),
+                stage("actor", EXPORT, 0, t + start_ms + 5, t + start_ms + 35, step),
+                stage("actor", STOP, 0, t + start_ms + 40, t + start_ms + 90, step),
+            ]
+        else:
+            spans += [step_span("actor", 0, t, t + 10, step), stage("actor", "update_actor", 0, t, t + 10, step)]
+    return spans
+
+
+def test_profiler_start_export_and_stop_are_instruments_not_the_users() -> None:
+    report = analyze_timeline(traced_loop(), aligned=True)
+    step = report.steps[2]
+    assert step.traced and not any(s.traced for i, s in enumerate(report.steps) if i != 2)
+    assert step.wall_ms == pytest.approx(4090)
+    assert step.instrument_ms == pytest.approx(4000 + 30 + 50)  # start, the export inside the stage, stop
+    assert step.user_wall_ms == pytest.approx(10)
+    [row] = step.ranks
+    assert (row.busy_ms, row.idle_ms, row.instrument_ms) == pytest.approx((10, 0, 4080))
+    actor = step.roles["actor"]
+    assert (actor.busy_ms, actor.idle_ms, actor.instrument_ms, actor.idle_pct) == pytest.approx((10, 0, 4080, 0))
+    path = {(p.stage, p.ms) for p in step.critical_path}
+    assert path == {(START, 4000.0), ("update_actor", 10.0), (EXPORT, 30.0), (STOP, 50.0)}
+    kinds = [f.kind for f in report.findings]
+    assert "slow_step" not in kinds and "bubble" not in kinds  # the user's steps are all 10 ms, never idle
+    assert kinds[-1] == INSTRUMENT_KIND
+    said = report.findings[-1]
+    assert said.steps == (3,) and "step 3 was traced" in said.text and "not your code" in said.text
+    assert said.lost_ms == pytest.approx(4080 / 5)
+
+
+def test_the_sdks_time_is_said_last_however_large() -> None:
+    report = analyze_timeline(traced_loop(start_ms=60_000.0), aligned=True)
+    assert report.findings[0].kind != INSTRUMENT_KIND and report.findings[-1].kind == INSTRUMENT_KIND
+
+
+def test_a_rank_waiting_for_anothers_profiler_start_is_not_idle() -> None:
+    """Rank 1 waits 500 ms for rank 0's profiler to start before the collective-bound stage both run."""
+    spans = []
+    for step in range(1, 4):
+        t = step * 10_000.0
+        start = 500.0 if step == 2 else 0.0
+        spans += [step_span("actor", 0, t, t + start + 20, step), step_span("actor", 1, t, t + start + 20, step)]
+        if start:
+            spans.append(stage("actor", START, 0, t, t + start, step))
+        spans += [stage("actor", "update_actor", r, t + start, t + start + 20, step) for r in (0,)]
+        spans.append(stage("actor", "update_actor", 1, t + start, t + start + 20, step))
+        spans.append(stage("actor", "compute_log_prob", 1, t, t + 1, step))  # rank 1 goes idle after 1 ms
+    report = analyze_timeline(spans, aligned=True)
+    rows = {row.rank: row for row in report.steps[1].ranks}
+    assert rows[1].idle_ms == pytest.approx(0)
+    assert rows[1].instrument_ms == pytest.approx(499)
+    assert [(w.stage, w.rank) for w in rows[1].waited_for] == [(START, 0)]  # what it waited on, still said
+    assert report.steps[1].roles["actor"].idle_ms == pytest.approx(0)
+    assert all(f.kind in ("dominant_stage", INSTRUMENT_KIND) for f in report.findings)
+
+
+@settings(max_examples=40, deadline=None)
+@given(steps=st.integers(3, 7), traced=st.data(), start=st.floats(1.0, 10_000.0))
+def test_a_traced_step_is_never_a_slow_step_or_a_straggler_for_the_sdks_time(
+    steps: int, traced: st.DataObject, start: float
+) -> None:
+    which = traced.draw(st.integers(1, steps))
+    report = analyze_timeline(traced_loop(steps, which, start), aligned=True)
+    assert [f.kind for f in report.findings if f.kind in ("slow_step", "straggler", "bubble")] == []
+    assert [s.step for s in report.steps if s.traced] == [which]
+    for s in report.steps:
+        assert sum(p.ms for p in s.critical_path) == pytest.approx(s.wall_ms, abs=1e-6)
+
+
+def test_a_user_label_cannot_take_the_sdks_prefix() -> None:
+    with pytest.raises(ValueError, match="must not start with 'instrument:'"):
+        check_label("name", "instrument:profiler_start")
+
+
+# --------------------------------------------------------------------------- causes before effects
+
+
+def straggling(steps: int = 4) -> list[Span]:
+    """Rollout ranks 2-3 generate 100 ms (rank 3: 300 ms); actor ranks 0-1 then update for 100 ms."""
+    spans = []
+    for step in range(1, steps + 1):
+        t = step * 10_000.0
+        for rank in range(4):
+            role = "actor" if rank < 2 else "rollout"
+            spans.append(step_span(role, rank, t, t + 400, step))
+            if role == "rollout":
+                spans.append(stage(role, "generate_sequences", rank, t, t + (300 if rank == 3 else 100), step))
+            else:
+                spans.append(stage(role, "update_actor", rank, t + 300, t + 400, step))
+    return spans
+
+
+def findings(report: TimelineReport) -> dict[str, list[str]]:
+    said: dict[str, list[str]] = {}
+    for f in report.findings:
+        said.setdefault(f.kind, []).append(f.text)
+    return said
+
+
+def test_the_straggler_is_first_and_carries_the_idle_it_caused() -> None:
+    report = analyze_timeline(straggling(), aligned=True)
+    first = report.findings[0]
+    assert (first.kind, first.role, first.stage, first.rank) == ("straggler", "rollout", "generate_sequences", 3)
+    # it added 200 ms to each step and made both actor ranks wait 200 ms more than its peers' pace would have
+    assert first.lost_ms == pytest.approx(200 + 2 * 200)
+    assert "actor ranks 0\u20131 wait 300 ms each for it, 200 ms of it its delay" in first.text
+    actor_bubble = [f for f in report.findings if f.kind == "bubble" and f.role == "actor"]
+    assert actor_bubble == [] or "besides waiting for the straggler above" in actor_bubble[0].text
+    if actor_bubble:  # the 100 ms a step its peers' pace would have cost them: 25% of 400
+        assert "idle 25%" in actor_bubble[0].text
+
+
+def test_a_slow_step_made_by_a_straggler_is_the_stragglers_finding() -> None:
+    spans = straggling(5)
+    # step 4: rank 3 is 900 ms instead of 300: the step is 1,000 ms against 400; the straggler explains it all
+    spans = [s for s in spans if s.step != 4]
+    t = 40_000.0
+    for rank in range(4):
+        role = "actor" if rank < 2 else "rollout"
+        spans.append(step_span(role, rank, t, t + 1000, 4))
+        if role == "rollout":
+            spans.append(stage(role, "generate_sequences", rank, t, t + (900 if rank == 3 else 100), 4))
+        else:
+            spans.append(stage(role, "update_actor", rank, t + 900, t + 1000, 4))
+    report = analyze_timeline(spans, aligned=True)
+    assert report.findings[0].kind == "straggler"
+    assert "slow_step" not in findings(report)
+
+
+def test_a_dominant_stages_share_and_ms_are_of_one_median() -> None:
+    report = analyze_timeline(straggling(), aligned=True)
+    [dominant] = [f for f in report.findings if f.kind == "dominant_stage"]
+    walls = statistics.median(s.user_wall_ms for s in report.steps)
+    assert f"is {100 * dominant.lost_ms / walls:.0f}% of it ({dominant.lost_ms:.3g} ms a step" in dominant.text
+
+
+def test_a_driver_is_never_idle() -> None:
+    spans = straggling()
+    for step in range(1, 5):  # a controller holding each step open, running no stage of its own
+        spans.append(step_span("controller", 0, step * 10_000.0 - 5, step * 10_000.0 + 405, step))
+    report = analyze_timeline(spans, aligned=True)
+    for step in report.steps:
+        controller = step.roles["controller"]
+        assert controller.driver and controller.idle_ms == 0 and controller.idle_pct == 0
+        assert controller.waited_for  # what it waited on
+    assert all(f.role != "controller" for f in report.findings)
