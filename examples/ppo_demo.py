@@ -18,7 +18,7 @@ One process plays a fused ``actor_rollout_ref`` worker plus a critic: every RL s
 
 The model, maths and workers are in ``ppo_workers.py``; ``ppo_demo_ray.py`` runs the same workers as
 Ray actors. Both use only instrument's public API.
-Needs ``torch`` and ``pyyaml`` (``pip install 'instrument[torch,yaml]'``).
+Needs ``torch`` and ``pyyaml`` (``pip install 'instrument-rl[torch,yaml]'``).
 """
 
 from __future__ import annotations

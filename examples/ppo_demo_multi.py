@@ -25,7 +25,7 @@ Every process writes into the one ``save_path``; ``demo.yaml``'s finish hook (ra
 after every rank's last step. Then ``instrument analyze`` names the slow rank as the straggler of
 ``generate_sequences``, the actor ranks waiting for it, and a critical path that crosses the roles.
 
-Uses only instrument's public API. Needs ``torch`` and ``pyyaml`` (``pip install 'instrument[torch,yaml]'``).
+Uses only instrument's public API. Needs ``torch`` and ``pyyaml`` (``pip install 'instrument-rl[torch,yaml]'``).
 """
 
 from __future__ import annotations
