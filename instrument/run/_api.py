@@ -19,7 +19,7 @@ from instrument import naming
 from instrument.config import ProfilerConfig
 from instrument.run._info import RunInfo
 from instrument.run._session import Session, start_session
-from instrument.run._stages import _Frame, drop_stage, opened_by, push_stage
+from instrument.run._stages import _STAGES, _Frame, drop_stage, push_stage
 from instrument.run._state import STATE
 
 __all__ = [
@@ -144,24 +144,24 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     methods, static and class methods and ``async def`` coroutines.
     """
 
-    __slots__ = ("name", "role", "scheduled")
+    __slots__ = ("_free", "_key", "_span", "name", "role", "scheduled")
 
     def __init__(self, name: str, *, scheduled: bool = False, role: str | None = None) -> None:
-        if callable(name):
-            raise TypeError(
-                'profiled_stage needs a stage name: write @profiled_stage("update_actor"), '
-                f"not @profiled_stage (got {getattr(name, '__qualname__', name)!r})"
-            )
-        if not isinstance(name, str) or not name.strip():
-            raise ValueError(f"'name' must be a non-empty stage name such as 'update_actor': {name!r}")
-        naming.check_label("name", name)  # fails now, not at the first profiled step
-        if not isinstance(scheduled, bool):
+        # ``with profiled_stage("x"):`` builds one per block: a name and role checked before skip the checks
+        try:
+            key = _CHECKED.get((name, role))
+        except TypeError:  # unhashable: not a name; the checks say what it is
+            key = None
+        if key is None:
+            key = _check_stage(name, role)
+        if scheduled is not True and scheduled is not False:
             raise TypeError(f"'scheduled' must be true or false: {scheduled!r}")
-        if role is not None:
-            naming.check_label("role", role)
         self.name = name
         self.scheduled = scheduled
         self.role = role
+        self._key = key  # the stage's name in the step timeline
+        self._free = [True]  # the timeline shortcut's one slot: popped by the block that holds it (atomic)
+        self._span: tuple[Any, int, int] | None = None  # that block's (timeline queue, step, start)
 
     def __repr__(self) -> str:
         role = "" if self.role is None else f", role={self.role!r}"
@@ -170,32 +170,62 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
     # -- as a context manager
 
     def __enter__(self) -> profiled_stage:
-        # One object may be entered by several threads or tasks at once: what it pushed on this context's
-        # stage stack is its own. Off a profiled step (and untimed) that is the object itself, as a marker.
-        session = STATE.session
-        if not STATE.engaged:
-            push_stage(self)
-            return self
-        if session is None:
-            _before_configure("stage", self.name)
-            push_stage(self)
-            return self
-        frame, started = _stage_begins(session, self.name, self.scheduled, self.role)
-        if frame is None:  # timed by stage metrics, not recorded
-            frame = _Frame(self.name, self.scheduled)
-            push_stage(frame)
-        frame.owner, frame.started = self, started
+        # The decorator's shortcut on an unprofiled step with the step timeline on: two clock reads and one
+        # append, no frame. The start is kept in the object's one slot (a context variable's set, the stage
+        # stack's, would cost as much again) by the first block to take it whose context has no stage open;
+        # one object may be entered by several threads or tasks at once, and each other block pushes its
+        # own (self, queue, step, start) on its context's stage stack. Off a profiled step (and untimed) the
+        # object itself is pushed, as a marker; on a profiled step or with stage metrics, a frame.
+        state = STATE
+        if state.engaged:
+            spans = state.spans
+            if spans is not None and not state.recording and state.observers is None:
+                stack = _STAGES.get()
+                if not stack:
+                    try:
+                        self._free.pop()
+                    except IndexError:  # held by another thread or task
+                        pass
+                    else:
+                        self._span = (spans, state.step, perf_counter_ns())
+                        return self
+                _STAGES.set((*stack, (self, spans, state.step, perf_counter_ns())))
+                return self
+            session = state.session
+            if session is None:
+                _before_configure("stage", self.name)
+            else:
+                frame, started = _stage_begins(session, self.name, self.scheduled, self.role)
+                if frame is None:  # timed by stage metrics, not recorded
+                    frame = _Frame(self.name, self.scheduled)
+                    push_stage(frame)
+                frame.owner, frame.started = self, started
+                return self
+        push_stage(self)
         return self
 
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
+        stack = _STAGES.get()
+        entry = _opened_by(self, stack) if stack else None
+        if entry is None:  # nothing of this object's open in this context: its block holds the slot
+            span = self._span
+            if span is not None:
+                self._span = None
+                self._free.append(True)
+                span[0].append((self._key, span[1], span[2], perf_counter_ns(), get_ident()))
+            if exc is not None:
+                _left_with(exc, self.name, self.role)
+            return
         try:
-            entry = opened_by(self)
             session = STATE.session
-            if isinstance(entry, _Frame) and session is not None:
-                _stage_ends(session, ("stage", self.role, self.name), entry, entry.started)  # drops it
-            elif entry is not None:
+            if type(entry) is tuple:  # the shortcut's, on the stack
+                drop_stage(entry)
+                entry[1].append((self._key, entry[2], entry[3], perf_counter_ns(), get_ident()))
+            elif isinstance(entry, _Frame) and session is not None:
+                _stage_ends(session, self._key, entry, entry.started)  # drops it
+            else:
                 drop_stage(entry)
         finally:  # the stage has closed, as in a decorated call; then the error goes on, unchanged
             if exc is not None:
@@ -218,6 +248,41 @@ class profiled_stage:  # noqa: N801 - reads as a function at call sites, like co
         if not callable(func):
             raise TypeError(f"profiled_stage({self.name!r}) decorates a callable, not {func!r}")
         return _wrap(func, self.name, self.scheduled, self.role)
+
+
+_CHECKED: dict[tuple[str, str | None], tuple[str, str | None, str]] = {}
+"""(name, role) checked -> the stage's timeline key; bounded, so stage names made per call cannot grow it."""
+_CHECKED_MAX = 4096
+
+
+def _check_stage(name: Any, role: Any) -> tuple[str, str | None, str]:
+    """A stage's name and role checked (the error names the field); their timeline key, remembered."""
+    if callable(name):
+        raise TypeError(
+            'profiled_stage needs a stage name: write @profiled_stage("update_actor"), '
+            f"not @profiled_stage (got {getattr(name, '__qualname__', name)!r})"
+        )
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"'name' must be a non-empty stage name such as 'update_actor': {name!r}")
+    naming.check_label("name", name)  # fails now, not at the first profiled step
+    if role is not None:
+        naming.check_label("role", role)
+    key = ("stage", role, name)
+    if len(_CHECKED) < _CHECKED_MAX:
+        _CHECKED[name, role] = key
+    return key
+
+
+def _opened_by(owner: profiled_stage, stack: tuple[object, ...]) -> object:
+    """What the with-block object ``owner`` pushed last on ``stack``: a shortcut's tuple, its frame, itself, or
+    None (:func:`instrument.run._stages.opened_by`, and the tuples only this module pushes). Its blocks nest
+    inside the one holding its slot (that one began with no stage open), so the last is the one ending."""
+    for entry in reversed(stack):
+        if type(entry) is tuple and entry[0] is owner:
+            return entry
+        if entry is owner or (isinstance(entry, _Frame) and entry.owner is owner):
+            return entry
+    return None
 
 
 def _wrap(func: Callable[..., Any], name: str, scheduled: bool, role: str | None) -> Callable[..., Any]:  # noqa: PLR0915
