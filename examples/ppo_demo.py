@@ -107,16 +107,7 @@ def parse_slow_stage(text: str) -> tuple[str, float]:
 
 
 def slow_down(trainer: Trainer, stage: str, factor: float) -> None:
-    """Make every forward pass of ``stage``'s models take ``factor`` times as long (:func:`slow_worker`)."""
-    workers = [w for w in (trainer.rollout, trainer.actor, trainer.ref, trainer.critic) if type(w) in _WORKERS]
-    found = [w for w in workers if callable(getattr(type(w), stage, None))]
-    if not found:
-        raise ValueError(f"'slow_stage': no stage named {stage!r} (the demo's stages are its workers' methods)")
-    slow_worker(found[0], stage, factor)
-
-
-def slow_worker(worker: object, stage: str, factor: float) -> None:
-    """Make every forward pass of ``worker``'s models take ``factor`` times as long while ``stage`` runs.
+    """Make every forward pass of ``stage``'s models take ``factor`` times as long, with real work inside it.
 
     The worker's method is wrapped so that, only while the stage runs, a forward hook on each of its models
     repeats a small ``torch.mm`` for ``factor - 1`` times the forward's own time: the stage grows by about
@@ -124,6 +115,11 @@ def slow_worker(worker: object, stage: str, factor: float) -> None:
     in the updates, and the extra time shows up as ``aten::mm`` in its traces. Plain torch hooks and the
     worker's own attributes: nothing of instrument but its public API runs.
     """
+    workers = [w for w in (trainer.rollout, trainer.actor, trainer.ref, trainer.critic) if type(w) in _WORKERS]
+    found = [w for w in workers if callable(getattr(type(w), stage, None))]
+    if not found:
+        raise ValueError(f"'slow_stage': no stage named {stage!r} (the demo's stages are its workers' methods)")
+    worker = found[0]
     models = [m for m in vars(worker).values() if isinstance(m, torch.nn.Module)]
     method = getattr(worker, stage)
     block = torch.ones(64, 64)

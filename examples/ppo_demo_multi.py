@@ -1,6 +1,6 @@
 """The PPO demo across processes (``make demo``): 2 actor and 2 rollout ranks on torch.distributed gloo.
 
-    python examples/ppo_demo_multi.py --config examples/demo.yaml --num-steps 6 ranks=[0,3]
+    python examples/ppo_demo_multi.py --config examples/demo.yaml --num-steps 8 'ranks=[0,3]' 'steps=[2,8]'
     python examples/ppo_demo_multi.py --slow-factor 1          # no planted straggler
 
 The demo spawns :data:`WORLD_SIZE` processes (``torch.multiprocessing``) that meet at a ``TCPStore`` the
@@ -8,9 +8,9 @@ parent holds and form one gloo process group. Global ranks 0-1 are the ``actor``
 ``rollout`` role (a verl job with a separate rollout engine), and each process configures instrument
 with its own role; its global rank comes from torch.distributed. Every RL step:
 
-1. each rollout rank samples responses for its own prompts (``generate_sequences``). Rank
-   :data:`SLOW_RANK` is planted slower: every forward pass of its policy is followed by ``factor - 1``
-   times as long of real ``torch.mm`` work (a slower device, or a busier host);
+1. each rollout rank samples responses for its own prompts (``generate_sequences``, best of
+   :data:`CANDIDATES`). Rank :data:`SLOW_RANK` is planted slower: its stage repeats real ``torch.mm``
+   work for ``factor - 1`` times as long as its sampling took (a slower device, or a busier host);
 2. the hand-off: one ``all_gather`` over all ranks moves the sequences to the actor ranks (the actor
    ranks put in a placeholder). It runs outside any stage, as a verl driver moves the batch, so the
    time every other rank waits there for the slow rank is idle time the step timeline attributes;
@@ -63,8 +63,8 @@ ROLLOUT_RANKS = (2, 3)
 WORLD_SIZE = len(ACTOR_RANKS) + len(ROLLOUT_RANKS)
 SLOW_RANK = 3
 """The rollout rank planted slower."""
-DEFAULT_SLOW_FACTOR = 4.0
-"""How much longer the slow rank's forward passes take (``--slow-factor``)."""
+DEFAULT_SLOW_FACTOR = 3.0
+"""How many times as long the slow rank's ``generate_sequences`` takes (``--slow-factor``)."""
 DEFAULT_NUM_STEPS = 8
 """Enough steps that a straggler is one on most of them, and short enough for 2 cores (``make demo``)."""
 CANDIDATES = 8
@@ -163,11 +163,16 @@ class BestOfN:
     """The rollout ranks' engine: :data:`CANDIDATES` sampled responses per prompt, the best-scoring one kept.
 
     Best-of-n sampling, as rejection-sampling recipes do: generation is most of a step, as in LLM RL.
+    ``slow_factor`` plants a slower device: after sampling, the call repeats a small ``torch.mm`` for
+    ``slow_factor - 1`` times as long as the sampling took, inside the stage, so the whole stage takes about
+    ``slow_factor`` times as long and the extra time is ``aten::mm`` in its trace.
     """
 
-    def __init__(self, policy: torch.nn.Module, generator: torch.Generator) -> None:
+    def __init__(self, policy: torch.nn.Module, generator: torch.Generator, slow_factor: float = 1.0) -> None:
         self.policy = policy
         self.generator = generator
+        self.slow_factor = slow_factor
+        self._block = torch.ones(64, 64)
 
     def _sample(self, prompts: torch.Tensor) -> torch.Tensor:
         sequences = prompts
@@ -180,18 +185,22 @@ class BestOfN:
     @ins.profiled_stage("generate_sequences")
     def generate_sequences(self, prompts: torch.Tensor) -> torch.Tensor:
         """``(B, P)`` -> ``(B, P+R)``: of :data:`CANDIDATES` responses to each prompt, the best-scoring one."""
+        began = time.perf_counter()
         with torch.no_grad():
             candidates = torch.stack([self._sample(prompts) for _ in range(CANDIDATES)])  # (n, B, P+R)
             best = ppo.scores(candidates.flatten(0, 1)).view(CANDIDATES, -1).argmax(dim=0)
+            if self.slow_factor > 1:
+                now = time.perf_counter()
+                deadline = now + (self.slow_factor - 1) * (now - began)
+                while time.perf_counter() < deadline:
+                    torch.mm(self._block, self._block)
             return candidates[best, torch.arange(len(prompts))]
 
 
 class _RolloutRank(_Ranks):
     def __init__(self, seed: int, rank: int, actors: Any, slow_factor: float) -> None:
         super().__init__(seed, rank, actors)
-        self.rollout = BestOfN(self.policy, self.generator)
-        if rank == SLOW_RANK and slow_factor > 1:
-            demo.slow_worker(self.rollout, "generate_sequences", slow_factor)
+        self.rollout = BestOfN(self.policy, self.generator, slow_factor if rank == SLOW_RANK else 1.0)
 
     def step(self) -> None:
         prompts = torch.randint(0, ppo.VOCAB, (PER_ROLLOUT_RANK, ppo.PROMPT_LEN), generator=self.generator)
@@ -439,7 +448,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         type=float,
         default=DEFAULT_SLOW_FACTOR,
         metavar="F",
-        help=f"rollout rank {SLOW_RANK}'s forward passes take F times as long (default {DEFAULT_SLOW_FACTOR:g}; "
+        help=f"rollout rank {SLOW_RANK}'s generate_sequences takes F times as long (default {DEFAULT_SLOW_FACTOR:g}; "
         "1: no straggler)",
     )
     args = parser.parse_args(argv)

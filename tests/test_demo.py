@@ -423,17 +423,9 @@ def test_the_critical_path_crosses_roles_on_untraced_steps(multi: MultiRun) -> N
     assert sum(crossing) > len(untraced) / 2, [s["critical_path"] for s in untraced]
 
 
-# What the analysis says of the traced steps (2 and 4: the profiler starts and exports on ranks 0 and 3) and the
-# findings' order are what issue 32 item 1-2 fixes (the lead's slice): strict, so they report when fixed.
-SDK_TIME_AS_IDLE = (
-    "issue 32 items 1-2 (the lead): the profiler's start-up and export on the traced steps are judged the ranks' "
-    "idle time, not the SDK's own"
-)
-
-
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SDK_TIME_AS_IDLE + "; the straggler's finding ranks below the idle it causes")
 def test_the_straggler_is_the_first_finding(multi: MultiRun) -> None:
+    """Causes before effects: the straggler's finding comes before the idle it causes (issue 32 item 2)."""
     first = multi.report["findings"][0]
     assert (first["kind"], first["role"], first["stage"], first["rank"]) == (
         "straggler",
@@ -444,18 +436,26 @@ def test_the_straggler_is_the_first_finding(multi: MultiRun) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SDK_TIME_AS_IDLE + ": the actor ranks 'wait' for the profiler")
 def test_the_actor_ranks_wait_for_the_slow_rank_over_every_step(multi: MultiRun) -> None:
+    """Traced steps too: of the user's stages, rank 3's rollout is what the actor ranks waited for longest.
+
+    On a traced step they also wait for rank 3's profiler to stop and export: that is instrument's own time
+    (``instrument:`` spans), the finding on traced steps reports it, and it is left out here.
+    """
+    assert multi.traced_steps() == {2, 8}
     for rank in ACTOR_RANKS:
-        most, total = _most_waited_for(multi.steps(), rank)
-        assert most == _key(GENERATE), (rank, total)
+        _, total = _most_waited_for(multi.steps(), rank)
+        users = {k: ms for k, ms in total.items() if not str(k[1]).startswith("instrument:")}
+        assert max(users, key=users.__getitem__) == _key(GENERATE), (rank, total)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=SDK_TIME_AS_IDLE + ": the profiler's start is a traced step's critical path")
 def test_the_critical_path_crosses_roles_on_traced_steps(multi: MultiRun) -> None:
+    """A traced step's path runs through both roles' stages as well, the profiler's own time its own part."""
     traced = [s for s in multi.steps() if s["step"] in multi.traced_steps()]
     assert traced and all(_crosses_roles(step) for step in traced), [s["critical_path"] for s in traced]
+    kinds = {f["kind"] for f in multi.report["findings"]}
+    assert "instrument" in kinds, multi.report["findings"]  # the traced steps' profiler time, said as such
 
 
 # ------------------------------------------------------------------ the multi-process demo's parts, in this process
