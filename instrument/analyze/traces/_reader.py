@@ -159,6 +159,9 @@ class FileScan:
     """Each ``ProfilerStep#N`` range: ``(N, start µs, end µs)``, on the file's clock."""
     extent: tuple[float, float] | None = None
     """The first event's start and the last one's end (µs); ``None`` without events."""
+    blocked: tuple[list[float], list[float]] = ([], [])
+    """When the CPU side waited in a collective: disjoint sorted (starts, ends), µs (what the stage table's work
+    leaves out, and the step timeline from traces cuts out of its stage ranges)."""
 
 
 @contextlib.contextmanager
@@ -306,6 +309,7 @@ def _scanned(scanner: Scanner, header: dict[str, Any], size: int) -> FileScan:
         scanner.stage_ranges,
         scanner.steps,
         extent,
+        scanner.blocked,
     )
 
 

@@ -99,6 +99,7 @@ class Scanner:
         self.notes: list[str] = []
         # where each stage the segments measure lies: (name, step or None: the file's own, start, end)
         self.stage_ranges: list[tuple[str, int | None, float, float]] = []
+        self.blocked: tuple[list[float], list[float]] = ([], [])  # when the CPU waited in a collective (µs)
 
     def _kind(self, name: str) -> int:
         """0: an ordinary event, 1: a mini-batch range, 2: a stage range (or, found inside, a candidate),
@@ -285,7 +286,7 @@ class Scanner:
         for ranges in self.cpu.values():
             cpu_us += length(*ranges.merged())
         wall = length(starts, ends)
-        comm = blocked(self.comm, self.cpu)
+        comm = self.blocked = blocked(self.comm, self.cpu)
         comm_us = sum(overlap(*comm, lo, hi) for lo, hi in zip(starts, ends, strict=True))
         work_us: float | None = wall - comm_us if comm_us else None
         iterations = tokens = 0
@@ -344,7 +345,7 @@ class Scanner:
 
     def _measure(self, picked: list[Picked], basis: str) -> list[Segment]:
         cpu_merged = [ranges.merged() for ranges in self.cpu.values()]
-        comm = blocked(self.comm, self.cpu)
+        comm = self.blocked = blocked(self.comm, self.cpu)
         event_ts = sorted(self.event_ts)
         kernel_order = sorted(range(len(self.kernel_ts)), key=self.kernel_ts.__getitem__)
         kernel_ts = [self.kernel_ts[i] for i in kernel_order]

@@ -12,8 +12,11 @@ the timeline analysis reads as it reads timeline files. No file is read a second
   on any process of its host (*chosen*: in a synchronous RL loop every rank is in the same step, and a
   rank idle before its first stage or after its last is idle in the step).
 - **Stages.** The ranges the stage table measures: the outermost user annotations given to a step (in a
-  file of one step, that step), a discrete trace's stage range, a window trace's mini-batches as one range.
-- **Who.** Role and rank as the analysis gives them (name, manifest, ``distributedInfo``); a file with no
+  file of one step, that step), a discrete trace's stage range, a window trace's mini-batches as one range;
+  each without the time its CPU waited in a collective (the stage table's work): a rank waiting for a slower
+  one is idle then, and the wait goes to whoever it waited for.
+- **Who.** Role and rank as the analysis gives them (name, manifest, ``distributedInfo``; no role at all:
+  :data:`WORKER_ROLE`); a file with no
   rank (a single process's plain trace) gets a rank after the known ones, one per file name's worker.
   One process is one lane, as in timeline files: the files of one pid (named in SDK trace names) are
   one process whatever their stages' roles (a fused worker's ``role="critic"`` stages are its own), and
@@ -30,6 +33,7 @@ Only what was traced is there: the profiled steps and ranks, the traced stages (
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,7 +43,7 @@ from instrument.analyze.model import TraceFile
 from instrument.analyze.traces._reader import FileScan
 from instrument.timeline import Span, SpanColumns, Timeline
 
-__all__ = ["FROM_TRACES_NOTE", "NO_STEP_RANGES", "TraceSpans"]
+__all__ = ["FROM_TRACES_NOTE", "NO_STEP_RANGES", "WORKER_ROLE", "TraceSpans"]
 
 FROM_TRACES_NOTE = (
     "from traces (the run wrote no timeline file): only the traced steps, ranks and stages are in it, "
@@ -49,6 +53,9 @@ NO_STEP_RANGES = (
     "its traces hold no step range with a stage range in it to build one from "
     "(a ProfilerStep#N range, or an SDK trace's step, and a record_function or SDK stage inside)"
 )
+WORKER_ROLE = "worker"
+"""The role of a process whose traces name none (plain torch.profiler traces): torch's word for such a process."""
+_UNNAMED = "unknown"  # what discovery calls a trace whose name and manifest give no role
 _ENGINE_STAGES = frozenset({"engine", "frontend"})
 _UNKNOWN_HOST = ""
 _MAX_STEP = 1 << 32
@@ -71,11 +78,16 @@ class _Process:
     stages: list[tuple[str, str, int, int, int]] = field(default_factory=list)  # role, name, step, start, end
 
     def main_role(self) -> str:
-        """The role most of its stages have (ties: by name); a fused worker is named after its own role."""
+        """The role most of its stages have (ties: by name); a fused worker is named after its own role; a trace
+        that names none (a plain torch.profiler trace) is torch's ``worker``, never "unknown"."""
         counts: dict[str, int] = {}
         for role, *_ in self.stages:
             counts[role] = counts.get(role, 0) + 1
         return min(counts, key=lambda role: (-counts[role], role)) if counts else self.role
+
+
+def _role(trace: TraceFile) -> str:
+    return WORKER_ROLE if trace.role == _UNNAMED else trace.role
 
 
 def _base_ns(header: dict[str, Any]) -> int:
@@ -129,11 +141,12 @@ class TraceSpans:
         host = _host(scan.header, trace.path)
         who: int | str | None = trace.rank if trace.rank is not None else trace.worker
         pid = _pid(trace.path)
-        key = (host, pid or trace.role, who)
+        role = _role(trace)
+        key = (host, pid or role, who)
         process = self._processes.get(key)
         if process is None:
             process = self._processes[key] = _Process(
-                trace.role, trace.rank, trace.worker, host, pid, trace.world_size or 0, trace.path
+                role, trace.rank, trace.worker, host, pid, trace.world_size or 0, trace.path
             )
 
         for number, start, end in scan.step_ranges:
@@ -145,10 +158,14 @@ class TraceSpans:
             kept = _range(base, *scan.extent)
             if kept is not None:
                 process.steps[trace.step] = kept
+        waits = scan.blocked
         for name, inside, start, end in scan.stage_ranges:
             step = trace.step if inside is None else inside
-            if step is not None and _step(step) and (kept := _range(base, start, end)) is not None:
-                process.stages.append((trace.role, name, step, *kept))
+            if step is None or not _step(step):
+                continue
+            for lo, hi in _working(start, end, waits):
+                if (kept := _range(base, lo, hi)) is not None:
+                    process.stages.append((role, name, step, *kept))
 
     def steps(self) -> set[int]:
         """The steps a read trace holds (a step range, or a stage range in it)."""
@@ -161,6 +178,7 @@ class TraceSpans:
         processes = [p for p in self._processes.values() if p.stages]
         if not processes:
             return []
+        _apart(processes)
         known = [p.rank for p in processes if p.rank is not None]
         spare = iter(range(max(known, default=-1) + 1, 1 << 31))
         ranks = {id(p): p.rank if p.rank is not None else next(spare) for p in sorted(processes, key=_order)}
@@ -195,6 +213,44 @@ class TraceSpans:
                 )
             )
         return out
+
+
+def _working(start: float, end: float, waits: tuple[list[float], list[float]]) -> list[tuple[float, float]]:
+    """``[start, end]`` without the collective waits inside it (the pieces its CPU worked in): a rank waiting for a
+    slower one is idle there, and a stage is judged by its work, as the stage table judges it."""
+    starts, ends = waits
+    i = bisect.bisect_right(ends, start)
+    if i >= len(starts) or starts[i] >= end:
+        return [(start, end)]
+    pieces = []
+    at = start
+    while i < len(starts) and starts[i] < end:
+        if starts[i] > at:
+            pieces.append((at, starts[i]))
+        at = max(at, ends[i])
+        i += 1
+    if at < end:
+        pieces.append((at, end))
+    return pieces
+
+
+def _apart(processes: list[_Process]) -> None:
+    """Processes of no known host share a clock only when their traced times overlap: traces of one job do, and
+    traces of different jobs days apart (HTA's trace_diff pair) are put on hosts of their own (never aligned)."""
+    groups: list[list[int]] = []  # [first ns, last ns] of each group of unnamed hosts
+    for p in sorted((p for p in processes if p.host == _UNKNOWN_HOST), key=_first_ns):
+        lo, hi = _first_ns(p), max(end for *_, end in p.stages)
+        n = next((i for i, (a, b) in enumerate(groups) if lo <= b and a <= hi), len(groups))
+        if n == len(groups):
+            groups.append([lo, hi])
+        else:
+            groups[n] = [min(groups[n][0], lo), max(groups[n][1], hi)]
+        if n:
+            p.host = f"{_UNKNOWN_HOST}#{n + 1}"
+
+
+def _first_ns(p: _Process) -> int:
+    return min(start for *_, start, _ in p.stages)
 
 
 def _order(p: _Process) -> tuple[int, int, str, str]:
