@@ -276,7 +276,10 @@ class StageTracing:
             self._fail(f"could not start stage {name!r}", exc)
         finally:
             self._release(held)
-        if frame.trace >= 0 and (not frame.windowed or backend.stage_range_in_windows):
+        # A windowed stage has no range of its own in a window trace (one a window cuts short states a wrong
+        # duration), but for a continuous step in verl's dialect: verl keeps it, cut where the window ends.
+        kept = backend.stage_range_in_windows or (self._scheduled_step and self.config.dialect == "verl")
+        if frame.trace >= 0 and (not frame.windowed or kept):
             try:
                 frame.close_range = backend.enter_range(name, concurrent=concurrent)
                 fast, ranges = STATE.fast, self._fast

@@ -102,9 +102,12 @@ def _rollout_and_update(mini_batches: int) -> Any:
 
 def test_a_window_from_the_start_keeps_the_earlier_stages_and_drops_the_rest(tmp_path: Path) -> None:
     traces = _step(_verl(tmp_path, active=2), _rollout_and_update(4))
-    # skip_first/wait/warmup 0: log-prob and rollout kept in full, then the first active mini-batches
+    # skip_first/wait/warmup 0: log-prob and rollout kept in full, then the first active mini-batches; the update
+    # stage's range as verl keeps it, cut where the window ends
     assert traces == {
-        (1, (0, 1), False): Counter(["generate_sequences", "compute_log_prob", "mini_batch0", "mini_batch1"])
+        (1, (0, 1), False): Counter(
+            ["generate_sequences", "compute_log_prob", "update_actor", "mini_batch0", "mini_batch1"]
+        )
     }
 
 
@@ -133,7 +136,7 @@ def test_a_step_that_ends_inside_its_window_saves_it_as_partial(tmp_path: Path) 
     # stop() turns the RECORD into RECORD_AND_SAVE: everything up to the step's end, the later stage too
     assert traces == {
         (1, (0, 1), True): Counter(
-            ["generate_sequences", "compute_log_prob", "mini_batch0", "mini_batch1", "after_update"]
+            ["generate_sequences", "compute_log_prob", "update_actor", "mini_batch0", "mini_batch1", "after_update"]
         )
     }
 
@@ -151,7 +154,9 @@ def test_a_loop_ending_where_a_window_begins_writes_no_empty_window(tmp_path: Pa
     """verl would save the tail as a window holding no mini-batch; instrument writes windows that hold one."""
     traces = _step(_verl(tmp_path, active=2, repeat=2), _rollout_and_update(2))
     assert traces == {
-        (1, (0, 1), False): Counter(["generate_sequences", "compute_log_prob", "mini_batch0", "mini_batch1"])
+        (1, (0, 1), False): Counter(
+            ["generate_sequences", "compute_log_prob", "update_actor", "mini_batch0", "mini_batch1"]
+        )
     }
 
 
@@ -171,7 +176,15 @@ def test_forward_only_windows_never_advance_the_schedule(tmp_path: Path) -> None
     traces = _step(_verl(tmp_path, active=2), body)
     assert traces == {
         (1, (0, 1), False): Counter(
-            ["compute_log_prob", "mini_batch100", "mini_batch101", "mini_batch102", "mini_batch0", "mini_batch1"]
+            [
+                "compute_log_prob",
+                "mini_batch100",
+                "mini_batch101",
+                "mini_batch102",
+                "update_actor",
+                "mini_batch0",
+                "mini_batch1",
+            ]
         )
     }
 
@@ -185,7 +198,8 @@ def test_every_scheduled_stage_of_the_step_advances_one_schedule(tmp_path: Path)
         update(2, first=2)
 
     traces = _step(_verl(tmp_path, skip_first=1, active=2), body)
-    assert traces == {(1, (1, 2), False): Counter(["mini_batch1", "mini_batch2"])}
+    # the two calls that began inside the window keep their range (the first began while it was skipped)
+    assert traces == {(1, (1, 2), False): Counter(["update_actor", "update_actor", "mini_batch1", "mini_batch2"])}
 
 
 def test_instruments_own_keys_keep_the_whole_step(tmp_path: Path) -> None:
