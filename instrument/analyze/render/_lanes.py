@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 from bisect import bisect_left
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from instrument.analyze.model import Report, TimelineLane
@@ -168,15 +168,23 @@ def lane_labels(lanes: tuple[TimelineLane, ...]) -> dict[int, str]:
     }
 
 
+def _strides() -> Iterator[int]:
+    """1, 2, 5, 10, 20, 25, 50, 100, 200, 250, 500, ...: the round numbers a reader counts steps by."""
+    yield from (1, 2, 5)
+    yield from (m * 10**e for e in itertools.count() for m in (10, 20, 25, 50))
+
+
 def _roundness(step: int) -> int:
-    """The largest of 1, 2, 5, 10, 20, 50, ... that divides ``step`` (0 is the roundest)."""
+    """The largest of :func:`_strides` that divides ``step`` (0 is the roundest)."""
     if step == 0:
         return 10**18
-    best, nice = 1, [1, 2, 5]
-    while nice[0] <= abs(step):
-        best = max([best] + [n for n in nice if step % n == 0])
-        nice = [n * 10 for n in nice]
-    return best
+    best = 1
+    for stride in _strides():
+        if stride > abs(step):
+            return best
+        if step % stride == 0:
+            best = stride
+    raise AssertionError("unreachable: the strides grow without end")
 
 
 def _place(order: list[int], centers: Sequence[float], widths: Sequence[float], gap: float) -> list[int]:
@@ -199,14 +207,14 @@ def thin_labels(steps: Sequence[int], centers: Sequence[float], widths: Sequence
     """Which step labels to draw so that no two overlap: the indexes into ``steps`` (centres and widths in one
     unit, e.g. pixels; ``gap`` the least room between two).
 
-    The first step is labelled; then every k-th step, the least k of 1, 2, 5, 10, 20, ... whose multiples all
-    fit; then any other step that still fits, the roundest numbers first. So evenly spread steps get evenly
-    spread labels (1, 5, 10, 15, 20), a long step among short ones keeps its own, and every label left out would
-    overlap one drawn."""
+    The first step is labelled; then every k-th step, the least k of 1, 2, 5, 10, 20, 25, 50, ... whose
+    multiples all fit; then any other step that still fits, the roundest numbers first. So evenly spread steps
+    get evenly spread labels (1, 5, 10, 15, 20), a long step among short ones keeps its own, and every label
+    left out would overlap one drawn."""
     by_position = sorted(range(len(steps)), key=lambda i: (centers[i], i))
     largest = max((abs(s) for s in steps), default=0)
     multiples: list[int] = []
-    for stride in (m * 10**e for e in itertools.count() for m in (1, 2, 5)):
+    for stride in _strides():
         multiples = [i for i in by_position if steps[i] % stride == 0]
         if stride > largest or len(_place(multiples, centers, widths, gap)) == len(multiples):
             break
