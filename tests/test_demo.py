@@ -4,6 +4,7 @@ and the one-process ``examples/ppo_demo.py``: runs, profiles exactly the configu
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import math
@@ -97,8 +98,6 @@ def test_traces_only_for_profiled_steps_with_stage_names(demo: tuple[DemoResult,
 
 
 def test_traces_are_gzipped_chrome_traces(demo: tuple[DemoResult, str]) -> None:
-    import gzip
-
     result, _ = demo
     trace = next(p for p in result.traces if "update-actor" in p.name)
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
@@ -359,6 +358,10 @@ def test_make_demo_runs_four_ranks_into_one_save_path_and_the_hook_once(
             if name.endswith(".timeline.bin")
         }
     assert {p.name for p in _trace_files(multi.save_path)} <= set(members)  # the hook ran after every rank's traces
+    slow = [p for p in _trace_files(multi.save_path) if "generate-sequences" in p.name]
+    assert slow and all(f"_rank{SLOW_RANK}-of-4_" in p.name for p in slow)
+    events = json.loads(gzip.decompress(slow[0].read_bytes()))["traceEvents"]
+    assert any(e.get("name") == "aten::mm" for e in events)  # the planted work, in the slow rank's own trace
     # make demo traces its last step, so the hook runs after every process's last step: each timeline whole.
     on_disk = {p.name: p.read_bytes() for p in multi.save_path.glob("*.timeline.bin")}
     assert len(on_disk) == WORLD_SIZE and timelines_archived == on_disk
@@ -477,6 +480,27 @@ def test_best_of_n_keeps_the_best_scoring_candidate_of_each_prompt() -> None:
     best = scores(candidates.flatten(0, 1)).view(ppo_demo_multi.CANDIDATES, -1).max(dim=0).values
     assert torch.equal(scores(chosen), best)
     assert all(any(torch.equal(chosen[i], c[i]) for c in candidates) for i in range(12))  # one of its own
+
+
+def test_a_slowed_best_of_n_samples_the_same_and_adds_real_work() -> None:
+    """The planted slowness changes no result; only ``aten::mm`` (which the policy's layers never call) is added."""
+    from torch.profiler import ProfilerActivity, profile
+
+    policy, _, _ = init_models(torch.Generator().manual_seed(0))
+    prompts = torch.randint(0, VOCAB, (6, PROMPT_LEN), generator=torch.Generator().manual_seed(1))
+    ops: list[set[str]] = []
+    chosen: list[torch.Tensor] = []
+    instrument.testing.reset()
+    try:
+        for factor in (1.0, 2.0):
+            rollout = BestOfN(policy, torch.Generator().manual_seed(2), slow_factor=factor)
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                chosen.append(rollout.generate_sequences(prompts))
+            ops.append({e.key for e in prof.key_averages()})
+    finally:
+        instrument.testing.reset()
+    assert torch.equal(chosen[0], chosen[1])
+    assert "aten::mm" not in ops[0] and "aten::mm" in ops[1]
 
 
 def test_the_roles_of_the_ranks() -> None:
