@@ -127,3 +127,30 @@ def test_the_installed_command(pair: tuple[Path, Path]) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["changes"][0]["stage"] == "update_actor"
+
+
+def test_a_slower_machine_is_one_finding_in_text_json_and_page(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Every stage 40% longer in the candidate, update_actor 30% more on top: the machine once, that stage first."""
+    from tests.analyze.analyzers.test_compare_machine import machine_run
+
+    base = machine_run(tmp_path / "base", seed=51)
+    cand = machine_run(tmp_path / "cand", seed=52, factor=1.4, slow=1.3)
+    status, out, err = _run(capsys, str(base), str(cand))
+    assert status == 0, err
+    lines = out.splitlines()
+    assert lines[3].startswith("1. candidate is ") and ": update_actor +" in lines[3]
+    assert lines[4].startswith("2. every stage +4") and lines[4].endswith(
+        "the machine, not a stage; each stage is judged against it."
+    )
+    assert lines[5].startswith("3. update_actor +") and "beyond the machine" in lines[5]
+    assert out.count("the machine, not a stage") == 1
+    page = tmp_path / "diff.html"
+    status, out, err = _run(capsys, str(base), str(cand), "--json", "--html", str(page))
+    assert status == 0, err
+    data = json.loads(out)
+    assert data["machine"]["common"] is True and 38 <= data["machine"]["change_pct"] <= 42
+    assert [c["stage"] for c in data["changes"] if c["significant"]] == ["update_actor"]
+    assert [f["kind"] for f in data["findings"]][:3] == ["step", "machine", "stage"]
+    assert page.read_text().count("the machine, not a stage") == 1
