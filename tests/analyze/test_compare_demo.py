@@ -96,7 +96,7 @@ def _busy_cores(count: int = 2) -> Iterator[None]:
 def test_unchanged_demo_runs_back_to_back_report_nothing_beyond_the_machine(tmp_path: Path) -> None:
     """Unchanged demo runs of 8 steps back to back: two as the machine is, two with both cores loaded by busy
     loops. Pairs of one condition and the pair across the change of load report no stage of their own, beyond
-    one pair in three (measured: 1 of 17 pairs of 20 steps on this 2-core box, docs/compare.md); the SDK's own
+    one pair in three (measured: 0 of 17 pairs of 20 steps on this 2-core box, docs/compare.md); the SDK's own
     stages are never compared, and a stage judged against a common machine-wide shift stands out from it."""
     quiet = [_demo_run(tmp_path / f"q{i}" / "profile", 8) for i in range(2)]
     with _busy_cores():

@@ -55,8 +55,8 @@ MAX_TEST_SAMPLES = 20_000
 MIN_SHIFT_STAGES = 3
 """Stages with a verdict below which no machine-wide shift is looked for: of two, neither can be told from the
 machine."""
-MIN_SHIFT_ALONG = 2
-"""Stages beyond noise the shift's way it needs to be common: one stage beyond noise is that stage's change."""
+MIN_SHIFT_ALONG = 1
+"""Stages beyond noise the shift's way it needs to be common: without one, the stages' medians moved by noise."""
 OUTLIER_SPREADS = 3.0
 """Under a machine-wide shift, a stage is its own change only when it is this many robust spreads (1.4826 x the
 median absolute deviation of the stages' log ratios around the shift) from it: a loaded machine does not slow
@@ -237,9 +237,9 @@ def machine_shift(
     not). ``None`` under :data:`MIN_SHIFT_STAGES` stages.
 
     Common when more than half of the stages moved by ``min_change_pct`` or more its way (so the median is
-    no average of a changed and an unchanged stage) and at least :data:`MIN_SHIFT_ALONG` of them beyond noise
-    that way (a loaded machine makes short stages too noisy for a verdict of their own; two stages that moved
-    beyond noise together are evidence that one stage alone is not)."""
+    no average of a changed and an unchanged stage, and one stage that changed alone cannot make it) and at
+    least :data:`MIN_SHIFT_ALONG` of them beyond noise that way (a loaded machine makes most stages too noisy
+    for a verdict of their own, yet they all moved)."""
     if len(ratios) < MIN_SHIFT_STAGES:
         return None
     logs = [math.log(r) for r in ratios]

@@ -65,7 +65,7 @@ class MachineShift:
     """1.4826 x the median absolute deviation of the stages' log ratios around it, as a %: how far from one
     factor the stages moved."""
     common: bool
-    """At least 3 stages, more than half of them moved by ``min_change_pct`` or more its way and at least 2
+    """At least 3 stages, more than half of them moved by ``min_change_pct`` or more its way and at least one
     beyond noise that way: reported once, and every stage is judged against it."""
 
     @property

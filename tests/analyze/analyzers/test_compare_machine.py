@@ -78,8 +78,10 @@ def test_a_uniform_factor_is_the_shift_and_one_planted_stage_does_not_move_it(
 
 def test_no_shift_under_three_stages_nor_without_most_stages_beyond_noise() -> None:
     assert machine_shift([1.3, 1.3], [1, 1]) is None  # of two stages neither can be told from the machine
-    quiet = machine_shift([1.3, 1.3, 1.3], [1, 0, 0])
-    assert quiet is not None and not quiet.common  # moved, but only one beyond noise: that stage's change
+    quiet = machine_shift([1.3, 1.3, 1.3], [0, 0, 0])
+    assert quiet is not None and not quiet.common  # moved, but none beyond noise: the stages' noise
+    alone = machine_shift([1.3, 1.0, 1.01], [1, 0, 0])
+    assert alone is not None and not alone.common  # one stage changed: its own change, not the machine
     small = machine_shift([1.02, 1.03, 1.02], [1, 1, 1])
     assert small is not None and not small.common  # under min_change: nothing to say
     shift = machine_shift([1.3, 1.3, 1.3], [1, 1, 0])
