@@ -56,6 +56,7 @@ __all__ = [
     "StageSamples",
     "TimelineSummary",
     "compare_sides",
+    "hosts_of",
     "inner_causes",
     "instances_of",
     "op_causes",
@@ -355,6 +356,8 @@ def compare_sides(
             if (
                 verdict == Verdict.CHANGED
                 and machine is not None
+                and raw.baseline_ms > 0  # from nothing to something stands out of any shift
+                and raw.candidate_ms > 0
                 and not stands_out(raw.candidate_ms / raw.baseline_ms, machine)
             ):
                 verdict = Verdict.MACHINE  # beyond noise, yet no further from the shift than the stages scatter

@@ -314,3 +314,12 @@ def test_the_sdks_own_stages_are_never_compared(tmp_path: Path) -> None:
     result = compare(*sides)
     assert sorted(c.stage or "" for c in result.changes) == sorted(STAGES_MS)
     assert not result.significant and math.isfinite(result.step.baseline_ms)
+
+
+def test_a_stage_from_nothing_under_a_machine_wide_shift_is_reported_not_divided_by() -> None:
+    stages = [[size * (1 + 0.0005 * j) for j in range(8)] for size in (300.0, 100.0, 50.0)]
+    base = _side("baseline", [*stages, [0.0] * 8], [1.0] * 4)
+    cand = _side("candidate", [*stages, [5.0 + 0.01 * j for j in range(8)]], [1.5, 1.5, 1.5, 1.0])
+    _, changes, _, _, machine = compare_sides(base, cand, METHOD)
+    assert machine is not None and machine.common and machine.stages == 3  # the empty stage has no ratio
+    assert [c.stage for c in changes if c.significant] == ["stage_3"]
