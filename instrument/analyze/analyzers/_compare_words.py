@@ -178,7 +178,7 @@ def findings(
     elif judged:
         what = f"{len(judged)} stage{'s' if len(judged) != 1 else ''} compared"
         limits = f"\u03b1 = {method.alpha:g}, changes from {method.min_change_pct:g}%"
-        beyond = " beyond the machine-wide shift" if machine is not None and machine.common else ""
+        beyond = " against the machine-wide shift" if machine is not None and machine.common else ""
         out.append(CompareFinding("nothing", f"No stage changed beyond noise{beyond} ({what}; {limits})"))
     elif not changes:
         out.append(CompareFinding("nothing", "no stage in both runs to compare"))

@@ -179,7 +179,7 @@ def test_a_stage_that_moved_with_the_machine_but_further_within_the_stages_sprea
     assert not [c for c in changes if c.significant]
     assert {c.verdict for c in changes} <= {Verdict.MACHINE, Verdict.NOISE, Verdict.SMALL}
     said = findings(step, changes, overlap, None, METHOD, machine=machine)
-    assert said[-1].text.startswith("No stage changed beyond noise beyond the machine-wide shift")
+    assert said[-1].text.startswith("No stage changed beyond noise against the machine-wide shift")
 
 
 # --------------------------------------------------------------------------- the whole path
@@ -206,7 +206,7 @@ def test_a_slower_machine_is_said_once_in_text_json_and_page(tmp_path: Path) -> 
         r"every stage \+2[678]% \(3 of 3 beyond noise\): the machine, not a stage; each stage is judged against it",
         texts[1],
     )
-    assert texts[2].startswith("No stage changed beyond noise beyond the machine-wide shift (3 stages compared")
+    assert texts[2].startswith("No stage changed beyond noise against the machine-wide shift (3 stages compared")
     text = render_compare_text(result)
     assert text.count("the machine, not a stage") == 1 and "vs machine" in text
     page = write_compare_html(result, tmp_path / "page.html").read_text()
