@@ -41,14 +41,28 @@ class FinishCoordinator:
         self.declined = config.dialect == "verl" and role == "rollout"
         self._fail = fail
         self._lock = threading.Lock()
+        self._interrupted: str | None = None  # how the process was interrupted (interrupt)
 
     @property
     def pending(self) -> bool:
         """Whether a hook is configured and has not run yet."""
         return not self.ran and self.config.finish_hook is not None and self.config.active
 
+    def interrupt(self, how: str) -> None:
+        """The process is being interrupted (``how``: e.g. ``"Ctrl-C (SIGINT)"``): from now on the hook never
+        starts and no peer is waited for, so the process ends as promptly as it would without the SDK (its
+        files are still saved). Only sets a flag: safe in a signal handler."""
+        self._interrupted = how
+
+    @property
+    def interrupted(self) -> bool:
+        """Whether :meth:`interrupt` was called."""
+        return self._interrupted is not None
+
     def meet_peers(self) -> None:
         """Wait (bounded) for the other torch.distributed ranks, so the hook sees their traces on disk too."""
+        if self._interrupted is not None:  # the other ranks are being interrupted too, or were never coming
+            return
         dist = sys.modules.get("torch.distributed")
         try:
             if dist is None or not dist.is_available() or not dist.is_initialized():
@@ -64,7 +78,8 @@ class FinishCoordinator:
     def run(self, *, steps: Sequence[int], manifest: str, wait_for_exports: Callable[[], None]) -> None:
         """Run the finish command once, if this rank is one of its ranks, after ``wait_for_exports()``.
 
-        Never on a ``rollout`` process in verl's dialect (``config.dialect``), as verl's rollout servers.
+        Never on a ``rollout`` process in verl's dialect (``config.dialect``), as verl's rollout servers, and
+        never once the process is interrupted (:meth:`interrupt`: one warning says so).
         """
         hook = self.config.finish_hook
         with self._lock:
@@ -76,6 +91,14 @@ class FinishCoordinator:
         if self.declined:
             logger.info(
                 "instrument: rank %d (role rollout) leaves the finish hook to the other roles, as verl", self.rank
+            )
+            return
+        if self._interrupted is not None:  # a hook may run for minutes: an interrupted process must end now
+            logger.warning(
+                "instrument: %s: the finish hook does not run, so the process ends now; the traces are saved "
+                "in %s (run finish_hook.cmd yourself to upload them)",
+                self._interrupted,
+                os.path.abspath(self.config.save_path),
             )
             return
         wait_for_exports()

@@ -1,7 +1,13 @@
-"""What ties a run to its process: rank detection, SIGTERM / SIGUSR1, interpreter exit, fork.
+"""What ties a run to its process: rank detection, SIGTERM / SIGINT / SIGUSR1, interpreter exit, fork.
 
 Handlers only ever reach the run through :data:`instrument.run._state.STATE`, so this module
 imports no session (the session imports it).
+
+A signal that lands inside one of the SDK's own profiler calls (the session's lock held by the main
+thread: a profiler's start, stop or export) is acted on when the call returns, so no profiler is left
+half started and no file half written. Ctrl-C (SIGINT, while Python's own handler is the one installed)
+then raises ``KeyboardInterrupt`` as Python would, and the run ends without waiting for anything that
+is not its files: no finish hook, no peers (:meth:`~instrument.finish.FinishCoordinator.interrupt`).
 """
 
 from __future__ import annotations
@@ -77,6 +83,9 @@ def detect_rank_and_world() -> tuple[int, int, str]:
 _previous_sigterm: Any = None
 _sigterm_installed = False
 _atexit_registered = False
+_previous_sigint: Any = None
+_sigint_installed = False
+_interrupt_pending = False  # a SIGINT deferred out of one of our own calls (a SIGTERM outranks it)
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -88,6 +97,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         return
     if previous == signal.SIG_IGN:
         return
+    global _interrupt_pending
+    _interrupt_pending = False  # the process ends of SIGTERM, whatever Ctrl-C came before
     session = STATE.session
     if session is not None and session.holds_lock_in_this_thread():
         # Interrupted inside one of our own profiler calls: stopping or exporting now could
@@ -97,8 +108,29 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     terminate_now(session)
 
 
+def _on_sigint(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C: what Python's own handler does (``KeyboardInterrupt``), after telling the run it is interrupted;
+    inside one of our own profiler calls, once that call returns (a profiler interrupted mid-start or an export
+    mid-write is what could hang or corrupt the exit)."""
+    global _interrupt_pending
+    session = STATE.session
+    if session is not None:
+        session.hook.interrupt("Ctrl-C (SIGINT)")  # a flag: no lock, no I/O in a handler
+        if session.holds_lock_in_this_thread():
+            _interrupt_pending = session.terminate_pending = True
+            return
+    signal.default_int_handler(signum, frame)
+
+
 def terminate_now(session: Any) -> None:
-    """Save what is open, then die of SIGTERM as the default disposition would."""
+    """Act on a signal deferred out of one of our own calls, or on SIGTERM: a deferred Ctrl-C raises
+    ``KeyboardInterrupt`` here; SIGTERM saves what is open, then dies of SIGTERM as the default disposition would."""
+    global _interrupt_pending
+    if _interrupt_pending:
+        _interrupt_pending = False
+        if session is not None:
+            session.terminate_pending = False
+        raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # more SIGTERMs while saving must not recurse
     if session is not None:
         session.terminate_pending = False
@@ -145,16 +177,27 @@ atexit.register(_never_configured)  # at import: a process that never configures
 
 
 def install_process_hooks() -> None:
-    global _previous_sigterm, _sigterm_installed, _atexit_registered
+    """The run's hooks: its end at interpreter exit, SIGTERM, and Ctrl-C where Python's own handler is installed
+    (a handler of the program's own is left alone: SIGINT is then the program's)."""
+    global _previous_sigterm, _sigterm_installed, _atexit_registered, _previous_sigint, _sigint_installed
     if not _atexit_registered:
         atexit.register(_at_exit)
         _atexit_registered = True
-    if not _sigterm_installed and threading.current_thread() is threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if not _sigterm_installed:
         try:
             _previous_sigterm = signal.signal(signal.SIGTERM, _on_sigterm)
             _sigterm_installed = True
         except (ValueError, OSError) as exc:  # not the main interpreter, or signals unavailable
             logger.debug("instrument: no SIGTERM handler: %s", exc)
+    if not _sigint_installed:
+        try:
+            if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+                _previous_sigint = signal.signal(signal.SIGINT, _on_sigint)
+                _sigint_installed = True
+        except (ValueError, OSError) as exc:
+            logger.debug("instrument: no SIGINT handler: %s", exc)
 
 
 _previous_usr1: Any = None
@@ -181,13 +224,17 @@ def install_usr1() -> None:
 
 
 def uninstall_process_hooks() -> None:
-    """Restore the SIGTERM handler found at install time (tests)."""
-    global _sigterm_installed, _usr1_installed
+    """Restore the SIGTERM, SIGINT and SIGUSR1 handlers found at install time (tests)."""
+    global _sigterm_installed, _usr1_installed, _sigint_installed, _interrupt_pending
     if threading.current_thread() is not threading.main_thread():
         return
     if _sigterm_installed:
         signal.signal(signal.SIGTERM, _previous_sigterm if _previous_sigterm is not None else signal.SIG_DFL)
         _sigterm_installed = False
+    if _sigint_installed:
+        if signal.getsignal(signal.SIGINT) is _on_sigint:  # one installed since is the program's
+            signal.signal(signal.SIGINT, _previous_sigint)
+        _sigint_installed, _interrupt_pending = False, False
     if _usr1_installed:
         signal.signal(signal.SIGUSR1, _previous_usr1 if _previous_usr1 is not None else signal.SIG_DFL)
         _usr1_installed = False

@@ -33,6 +33,7 @@ from instrument.analyze.model import OpTable, label_key
 from instrument.analyze.traces import _safe_io, _stream
 from instrument.analyze.traces._gpu import GPU_CATS, LAUNCH_CATS, is_profiler_step
 from instrument.analyze.traces._reader import TraceError, closed_array
+from instrument.analyze.traces._scanner import MAX_US
 from instrument.analyze.traces._steps import COLLECTIVE, union
 
 __all__ = ["read_ops"]
@@ -74,12 +75,15 @@ class _Seen:
 
     def feed(self, events: Iterable[Any]) -> None:  # one hot loop, inline for speed
         ops, launches, kernels, kinds = self.ops, self.launches, self.kernels, self.kinds
+        low, high = -MAX_US, MAX_US
         for ev in events:
             if type(ev) is not dict or ev.get("ph") != "X":
                 continue
             cat = ev.get("cat")
             ts = ev.get("ts")
             if ts is None or cat is None:
+                continue
+            if not (low < ts < high and low < ts + (ev.get("dur") or 0) < high):  # as the scanner: left out
                 continue
             if cat in _RANGE_CATS:
                 name = ev.get("name")
