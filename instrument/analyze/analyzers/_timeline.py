@@ -22,8 +22,10 @@ Semantics (where the issue is silent, the choice is marked *chosen*):
   ``[a, b]`` inside or at the head of a step is attributed to the latest-ending stage on *another* lane
   that started before ``b`` and ended within ``[b - uncertainty - tolerance, b + uncertainty]`` and not
   before ``a - uncertainty`` (*chosen*: a stage that ended before the rank went idle was not waited for);
-  another role's stage is preferred. A gap at the end of a lane's step (it finished early) goes to the
-  latest-ending stage of the step on another lane, of any role, that ended after the gap began. Otherwise
+  another role's stage is preferred. A gap at the end of a lane's step (it finished early) is waiting for
+  the step to end: while the critical path runs on one other lane from the gap's start on (a slow peer), it
+  waits for that lane's last stage there; the rest goes to the latest-ending stage of the step on another
+  lane, of any role, that ended after the gap began (*chosen*: two rows at most a lane). Otherwise
   the gap is ``unattributed`` (role and rank null). Ties: the lower lane ``(role, rank)``.
   :data:`WAIT_TOLERANCE_NS` is the hand-off latency allowed between a producer's end and the resume.
 - **Critical path** (aligned only), in time order, tiling the step: from the step's end, the top-level stage

@@ -26,7 +26,7 @@ from bisect import bisect_left, bisect_right
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from functools import reduce
-from itertools import compress, groupby, islice, repeat
+from itertools import accumulate, compress, groupby, islice, repeat
 from operator import add, attrgetter, floordiv, itemgetter, lt, mod, mul, neg, sub, truediv
 
 from instrument.analyze.analyzers._findings import GENERATION_ROLE
@@ -396,6 +396,8 @@ class Step:
         self.keys = names.keys
         self.causes = names.causes
         self.path: list[tuple[str, str, int, int]] = []  # the critical path: (role, stage, rank, ns)
+        self.path_codes: list[int] = []  # each part's cause number (-1: no stage, an idle part)
+        self.path_ends: list[int] = []  # where each part ends (the parts tile the step, in time order)
         self.wall = 0
         windows = spans.windows
         members = self._assign(windows, spans.chunks)
@@ -501,11 +503,9 @@ class Step:
             i -= 1
         return None
 
-    def _waited_for(self, lane: Lane, gap_start: int, gap_end: int, *, at_end: bool) -> _Ended | None:
+    def _waited_for(self, lane: Lane, gap_start: int, gap_end: int) -> _Ended | None:
         """What ``lane`` waited for in its idle gap ``[gap_start, gap_end]`` (rules in the module docstring)."""
         unc = self.uncertainty
-        if at_end:  # whatever ended last elsewhere, after this lane stopped
-            return self._ended_last(lane.index, gap_start - unc + 1)
         low, high, before = max(gap_end - unc - self.tolerance, gap_start - unc), gap_end + unc, gap_end
         best = None
         for role in self.by_role:
@@ -533,7 +533,7 @@ class Step:
         sort in: by their ms, then the cause's (role or "", stage), rank), and where each lane's rows begin.
 
         A gap inside or at the head of a step is :meth:`_waited_for`'s rule, over the gaps of a role's lanes
-        at once (:func:`_attribute`); one at the end, :meth:`_ended_last`."""
+        at once (:func:`_attribute`); one at the end, :meth:`_end_gap` (along the critical path)."""
         unc, slack, count, lanes = self.uncertainty, self.uncertainty + self.tolerance, len(self.lanes), self.lanes
         width = self.unattributed + 1
         ranks = [lane.rank for lane in lanes]
@@ -562,9 +562,7 @@ class Step:
                     at.extend(repeat(lane.index, blocks - 1))
                 previous = ends[-1] if blocks else lane.start
                 if lane.end > previous:  # it finished early (or ran no stage at all)
-                    cause = self._ended_last(lane.index, previous - unc + 1)
-                    key = lane.index * width + (self.unattributed if cause is None else cause[6])
-                    waited[key] = waited.get(key, 0) + lane.end - previous
+                    self._end_gap(lane, previous, waited, width)
             if a_s:
                 others = [self.columns[r] for r in self.columns if r != role]
                 own = self.columns.get(role)
@@ -595,18 +593,40 @@ class Step:
             first = past
         return kids_out, ranks_out, ns_out, bounds
 
+    def _end_gap(self, lane: Lane, low: int, waited: dict[int, int], width: int) -> None:
+        """Adds ``lane``'s idle from ``low`` to its end (it finished early) to ``waited``, in at most two rows: while
+        the critical path runs on one other lane from ``low`` on (a slow peer), the wait is for it (its last stage
+        there); the rest, for the latest-ending stage elsewhere (:meth:`_ended_last`), as before the path went on."""
+        base, high, codes, ends = lane.index * width, lane.end, self.path_codes, self.path_ends
+        count = len(self.lanes) + 1
+        i = bisect_right(ends, low)
+        if i < len(ends) and codes[i] >= 0 and codes[i] % count != lane.index:
+            on = codes[i] % count
+            while i + 1 < len(ends) and codes[i + 1] >= 0 and codes[i + 1] % count == on:
+                i += 1
+            past = min(ends[i], high)
+            waited[base + codes[i]] = waited.get(base + codes[i], 0) + past - low
+            low = past
+        if low < high:
+            cause = self._ended_last(lane.index, low - self.uncertainty + 1)
+            code = self.unattributed if cause is None else cause[6]
+            waited[base + code] = waited.get(base + code, 0) + high - low
+
     # ---------------------------------------------------------------- the critical path
 
     def _critical_path(self, w0: int, w1: int) -> list[tuple[str, str, int, int]]:
         parts: list[tuple[str, str, int, int]] = []  # (role, stage, rank, ns), from the end backwards
+        codes = self.path_codes
+        count = len(self.lanes) + 1
 
-        def add_part(role: str, stage: str, rank: int, ns: int) -> None:
+        def add_part(role: str, stage: str, rank: int, ns: int, code: int = -1) -> None:
             if ns <= 0:
                 return
             if parts and parts[-1][:3] == (role, stage, rank):
                 parts[-1] = (role, stage, rank, parts[-1][3] + ns)
             else:
                 parts.append((role, stage, rank, ns))
+                codes.append(code)
 
         last_lane = max(self.lanes, key=lambda lane: (lane.end, -lane.index))
         ended = [entries[-1] for entries in self.by_role.values() if entries]
@@ -626,16 +646,16 @@ class Step:
                 role, stage = self.keys[lane.top_kids[j]]
                 low, own = max(a, w0), 0
                 for kid, ns in _inside(lane.nested, low, t):  # the SDK's own time inside it is its own part
-                    add_part(*self.keys[kid], lane.rank, ns)
+                    add_part(*self.keys[kid], lane.rank, ns, kid * count + lane.index)
                     own += ns
-                add_part(role, stage, lane.rank, t - low - own)
+                add_part(role, stage, lane.rank, t - low - own, lane.top_kids[j] * count + lane.index)
                 t = a
                 continue
             # t starts a busy run: what did the lane wait for in the gap before it?
             if k >= 0 and starts[k] == t:
                 k -= 1
             gap_start = ends[k] if k >= 0 else lane.start
-            cause = self._waited_for(lane, gap_start, t, at_end=False)
+            cause = self._waited_for(lane, gap_start, t)
             if cause is not None:
                 resume = min(cause[0], t)  # the cause may end after t, within the clocks' uncertainty
                 add_part(lane.role, IDLE, lane.rank, t - max(resume, w0))
@@ -647,6 +667,7 @@ class Step:
                 add_part(lane.role, IDLE, lane.rank, t - w0)
                 t = w0
         parts.reverse()
+        codes.reverse()
         return parts
 
     # ---------------------------------------------------------------- the step's values
@@ -657,6 +678,7 @@ class Step:
             w0, w1 = min(lane.start for lane in lanes), max(lane.end for lane in lanes)
             self.wall = wall = w1 - w0
             self.path = self._critical_path(w0, w1)
+            self.path_ends = list(accumulate((ns for *_, ns in self.path), initial=w0))[1:]
             path = tuple(TimeShare(r, s, k, _ms(ns)) for r, s, k, ns in self.path)
             generation = _union_length(self.generation_runs, w0, w1)
         else:

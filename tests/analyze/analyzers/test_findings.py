@@ -21,12 +21,12 @@ from instrument.analyze import (
 )
 from tests.analyze.analyzers.test_timeline import disaggregated, write_timelines
 
-PLANTED = "every step of this run was planted by a test (1,000 ms a step, by its own count)"
+PLANTED = "every step of this run was planted by a test (10,000 ms a step, by its own count)"
 
 
 def planted(analysis: TimelineAnalysis) -> Iterable[Finding]:
     """A rule a test adds: it loses more time than any built-in finding, so it must be said first."""
-    yield Finding("planted", PLANTED, 1000.0, None, None, None, tuple(s.step for s in analysis.steps))
+    yield Finding("planted", PLANTED, 10_000.0, None, None, None, tuple(s.step for s in analysis.steps))
 
 
 def modest(analysis: TimelineAnalysis) -> Iterable[Finding]:
@@ -106,7 +106,7 @@ def test_an_added_finding_is_said_in_text_html_and_json(
     assert PLANTED in page.read_text()
     assert cli.main(["analyze", str(run_dir), "--json", "--no-png", "--quiet"]) == 0
     said = json.loads(capsys.readouterr().out)["findings"]
-    assert said[0]["kind"] == "planted" and said[0]["text"] == PLANTED and said[0]["lost_ms"] == 1000.0
+    assert said[0]["kind"] == "planted" and said[0]["text"] == PLANTED and said[0]["lost_ms"] == 10_000.0
     assert said[-1]["kind"] == "modest"
 
 

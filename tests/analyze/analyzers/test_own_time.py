@@ -136,8 +136,9 @@ def test_the_straggler_is_first_and_carries_the_idle_it_caused() -> None:
     report = analyze_timeline(straggling(), aligned=True)
     first = report.findings[0]
     assert (first.kind, first.role, first.stage, first.rank) == ("straggler", "rollout", "generate_sequences", 3)
-    # it added 200 ms to each step and made both actor ranks wait 200 ms more than its peers' pace would have
-    assert first.lost_ms == pytest.approx(200 + 2 * 200)
+    # it added 200 ms to each step, made both actor ranks wait 200 ms more than its peers' pace would have, and
+    # its peer (done early, waiting for the step to end) 200 ms
+    assert first.lost_ms == pytest.approx(200 + 2 * 200 + 200)
     assert "actor ranks 0\u20131 wait 300 ms each for it, 200 ms of it its delay" in first.text
     actor_bubble = [f for f in report.findings if f.kind == "bubble" and f.role == "actor"]
     assert actor_bubble == [] or "besides waiting for the straggler above" in actor_bubble[0].text

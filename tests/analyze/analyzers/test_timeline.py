@@ -91,9 +91,11 @@ def test_disaggregated_layout_idle_waits_critical_path_and_straggler() -> None:
         assert rows[actor].idle_ms == pytest.approx(451)
         [wait] = rows[actor].waited_for
         assert (wait.role, wait.stage, wait.rank, wait.ms) == ("rollout", "generate_sequences", 7, 451.0)  # exact ns
-    for peer in (4, 5, 6):  # done early: waiting for whatever ended the step elsewhere
+    for peer in (4, 5, 6):  # done early: waiting for the step's end, for what its critical path ran meanwhile
         assert rows[peer].idle_ms == pytest.approx(500)
-        assert [(w.role, w.stage, w.rank) for w in rows[peer].waited_for] == [("actor", "update_actor", 0)]
+        waits = [(w.role, w.stage, w.rank, w.ms) for w in rows[peer].waited_for]
+        # rank 7's generation while the path runs there, then the stage that ended the step
+        assert waits == [("actor", "update_actor", 0, 350.0), ("rollout", "generate_sequences", 7, 150.0)]
     assert [(p.role, p.stage, p.rank, p.ms) for p in first.critical_path] == [
         ("rollout", "generate_sequences", 7, 450.0),
         ("actor", IDLE, 0, 1.0),
@@ -110,8 +112,10 @@ def test_disaggregated_layout_idle_waits_critical_path_and_straggler() -> None:
     assert (straggler.role, straggler.stage, straggler.rank) == ("rollout", "generate_sequences", 7)
     assert straggler.steps == (1, 2, 3, 4, 5, 6)
     # what it added to each step (150 ms) and the idle its delay caused the four actor ranks (150 ms each)
-    assert straggler.lost_ms == pytest.approx(150 + 4 * 150)
-    assert "150 ms of it its delay (600 ms of idle rank-time it caused a step)" in straggler.text
+    # and its three peers, done early, wait 150 ms each for it too
+    assert straggler.lost_ms == pytest.approx(150 + 4 * 150 + 3 * 150)
+    assert "150 ms of it its delay; rollout ranks 4–6 wait 150 ms each for it" in straggler.text
+    assert "(1.05 s of idle rank-time it caused a step)" in straggler.text
     assert "1.5\u00d7" in straggler.text and "6 of 6 steps" in straggler.text
     assert "actor ranks 0\u20133 wait 451 ms each" in straggler.text
     bubbles = {f.role: f for f in report.findings if f.kind == "bubble"}

@@ -261,7 +261,7 @@ def test_traces_of_one_host_are_put_on_one_axis_by_their_base_time(tmp_path: Pat
     rank1 = next(r for r in step.ranks if r.rank == 1)
     assert (rank1.busy_ms, rank1.idle_ms) == (39.5, 60.5)
     [wait] = rank1.waited_for
-    assert (wait.role, wait.stage, wait.rank, wait.ms) == ("unknown", "generate", 0, 60.5)
+    assert (wait.role, wait.stage, wait.rank, wait.ms) == ("worker", "generate", 0, 60.5)  # no role in the traces
     assert [(p.stage, p.rank) for p in step.critical_path if p.stage != "idle"] == [
         ("generate", 0),
         ("update_actor", 1),
