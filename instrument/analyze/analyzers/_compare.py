@@ -73,8 +73,6 @@ TOP_CAUSES = 5
 """Ops and kernels listed per change (and as many windows or nested stages)."""
 
 _NS_PER_MS = 1_000_000
-_SDK_STAGE = "instrument:"
-"""Stages the SDK names for its own time on the training thread (profiler start, export): never a user's stage."""
 
 Instance = tuple[int | None, str]
 """One stage instance: (step, rank label)."""
@@ -167,7 +165,7 @@ def side_from_report(
         if (
             (steps is not None and (row.step is None or row.step not in steps))
             or (filters is not None and not filters.keeps_stage(row.stage))
-            or row.stage.startswith(_SDK_STAGE)
+            or row.stage.startswith(naming.SDK_STAGE_PREFIX)
         ):
             continue
         key = (label_key(row.role), label_key(row.stage))
@@ -222,7 +220,7 @@ def _timeline_from(side: RunSide, timeline: TimelineReport, steps: Container[int
     for row in timeline.steps:
         if steps is not None and row.step not in steps:
             continue
-        wall = _ms(row.wall_ms)
+        wall = _ms(row.user_wall_ms)  # the user's step: the SDK's own time on a traced step is no change of theirs
         side.step_ms[row.step] = wall
         summary.steps += 1
         summary.wall_ms += wall
@@ -231,6 +229,8 @@ def _timeline_from(side: RunSide, timeline: TimelineReport, steps: Container[int
             summary.idle_ms[role] = summary.idle_ms.get(role, 0.0) + _ms(part.idle_ms)
             summary.lanes[role] = summary.lanes.get(role, 0) + part.ranks
         for share in row.critical_path:
+            if share.stage.startswith(naming.SDK_STAGE_PREFIX):  # the SDK's own time: never a user's stage
+                continue
             where = (share.role, share.stage)
             summary.path_ms[where] = summary.path_ms.get(where, 0.0) + _ms(share.ms)
     side.step_source = "timeline"
@@ -258,7 +258,7 @@ def timeline_samples(
     names: dict[Key, tuple[str, str]] = {}
     threads: dict[tuple[int, int, int], list[tuple[int, int, str, str, str]]] = defaultdict(list)
     for kind, role, stage, step, rank, start, end, thread in rows:
-        if kind == "step" or end < start or stage.startswith(_SDK_STAGE):
+        if kind == "step" or end < start or stage.startswith(naming.SDK_STAGE_PREFIX):
             continue
         if kind == "stage":
             key = (label_key(role), label_key(stage))

@@ -6,17 +6,19 @@ steps); one quantity per finding. Every input is built with exact durations: no 
 from __future__ import annotations
 
 import statistics
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from instrument.analyze import compare
 from instrument.analyze.analyzers._findings import INSTRUMENT_KIND
 from instrument.analyze.analyzers._timeline import analyze_timeline
 from instrument.analyze.model import TimelineReport
 from instrument.naming import SDK_STAGE_PREFIX, check_label
 from instrument.timeline import Span
-from tests.analyze.analyzers.test_timeline import stage, step_span
+from tests.analyze.analyzers.test_timeline import stage, step_span, write_timelines
 
 START = SDK_STAGE_PREFIX + "profiler_start"
 STOP = SDK_STAGE_PREFIX + "profiler_stop"
@@ -180,3 +182,16 @@ def test_a_driver_is_never_idle() -> None:
         assert controller.driver and controller.idle_ms == 0 and controller.idle_pct == 0
         assert controller.waited_for  # what it waited on
     assert all(f.role != "controller" for f in report.findings)
+
+
+def test_compare_leaves_the_sdks_time_out_of_steps_stages_and_the_path(tmp_path: Path) -> None:
+    """The same 10 ms loop, untraced against traced on step 3 (4 s of profiler start, export and stop)."""
+    for side in ("a", "b"):
+        (tmp_path / side).mkdir()
+    write_timelines(tmp_path / "a", traced_loop(traced=0), {0: 0})
+    write_timelines(tmp_path / "b", traced_loop(), {0: 0})
+    comparison = compare(tmp_path / "a", tmp_path / "b")
+    assert comparison.step.verdict != "changed"  # 10 ms steps on both sides, the traced one too
+    assert not any(change.stage.startswith(SDK_STAGE_PREFIX) for change in comparison.changes)
+    assert comparison.timeline is not None
+    assert not any(part.stage.startswith(SDK_STAGE_PREFIX) for part in comparison.timeline.critical_path)
