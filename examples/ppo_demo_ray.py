@@ -13,7 +13,7 @@ of ``demo.yaml``: after the last step it waits for every worker's traces, then r
 hook's ranks of the first group only (a critic rank with the same number does not run it too).
 
 Uses only instrument's public API. Needs ``ray``, ``torch`` and ``pyyaml``
-(``pip install 'instrument[ray,torch,yaml]'``).
+(``pip install 'instrument-rl[ray,torch,yaml]'``).
 """
 
 from __future__ import annotations
