@@ -312,7 +312,10 @@ def stragglers(analysis: TimelineAnalysis) -> list[Finding]:
         for waiter_role, entries in sorted(straggler.waits.items(), key=lambda kv: -sum(kv[1].values()))[:2]:
             each = statistics.median(entries.values())
             if each >= FLOOR_MS:  # not the hand-offs of a few µs between its chunks
-                text += f"; {_ranks_text(waiter_role, (r for r, _ in entries))} wait {_duration(each)} each for it"
+                waiters = {r for r, _ in entries}
+                verb = "waits" if len(waiters) == 1 else "wait"
+                each_ = "" if len(waiters) == 1 else " each"
+                text += f"; {_ranks_text(waiter_role, waiters)} {verb} {_duration(each)}{each_} for it"
                 mine = straggler.caused[waiter_role] / len(entries)
                 if mine >= FLOOR_MS and mine < 0.995 * each:
                     text += f", {_duration(mine)} of it its delay"
