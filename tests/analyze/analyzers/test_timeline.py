@@ -175,7 +175,8 @@ def test_disaggregated_layouts_name_the_slow_rollout_rank(
         slow,
         (1, 2, 3),
     )
-    assert "actor rank" in straggler.text and "each for it" in straggler.text
+    said = "waits" if actors == 1 else "wait"  # one rank waits X for it; several wait X each
+    assert "actor rank" in straggler.text and f" {said} " in straggler.text and "for it" in straggler.text
 
 
 def test_idle_with_no_other_rank_to_wait_for_is_said_to_be_the_ranks_own_code() -> None:
