@@ -94,7 +94,7 @@ class MarkerStore:
                 engine if isinstance(engine, str) else _UNNAMED_ENGINE,
                 data.get("stops_by_itself") is True,
             )
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError):  # Infinity: no int
             return None
         return marker if marker.url == url else None
 

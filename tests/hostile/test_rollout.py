@@ -27,6 +27,7 @@ import instrument as ins
 from instrument.manifest import Manifest
 from instrument.rollout import RolloutProfiler, _http
 from instrument.rollout._fanout import fan_out, list_router_workers
+from instrument.rollout._markers import MarkerStore
 from instrument.rollout.vllm import HttpEngineDriver
 
 T = TypeVar("T")
@@ -347,3 +348,13 @@ def test_deadlines_must_be_finite_and_positive(bad: float) -> None:
 def test_a_deadline_that_is_not_a_number_is_a_type_error(bad: object) -> None:
     with pytest.raises(TypeError, match=f"'stop_timeout_s' must be a number of seconds > 0: {bad!r}"):
         HttpEngineDriver("http://127.0.0.1:1", stop_timeout_s=bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("started", [float("inf"), float("-inf"), float("nan"), "soon", None])
+def test_a_start_marker_whose_time_no_clock_gives_is_no_marker(tmp_path: Path, started: object) -> None:
+    """A marker's ``started_ns`` that is no integer (``Infinity`` once raised OverflowError out of ``read``)."""
+    store, url = MarkerStore(tmp_path), "http://127.0.0.1:8000"
+    store.path(url).write_text(json.dumps({"url": url, "started_ns": started}), encoding="utf-8")
+    assert store.read(url) is None
+    store.path(url).write_text(json.dumps({"url": url, "started_ns": 5}), encoding="utf-8")
+    assert store.read(url) is not None  # the same file with a time is one
