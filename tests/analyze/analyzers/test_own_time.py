@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from instrument.analyze import compare
+from instrument.analyze import analyze, compare
 from instrument.analyze.analyzers._findings import INSTRUMENT_KIND
 from instrument.analyze.analyzers._timeline import analyze_timeline
 from instrument.analyze.model import TimelineReport
@@ -195,3 +195,18 @@ def test_compare_leaves_the_sdks_time_out_of_steps_stages_and_the_path(tmp_path:
     assert not any(change.stage.startswith(SDK_STAGE_PREFIX) for change in comparison.changes)
     assert comparison.timeline is not None
     assert not any(part.stage.startswith(SDK_STAGE_PREFIX) for part in comparison.timeline.critical_path)
+
+
+def test_a_stage_filter_chooses_what_is_shown_and_never_makes_idle(tmp_path: Path) -> None:
+    """--stage update_actor on the straggling layout: the actor and rollout ranks' idle is what it is unfiltered
+    (before, the rollout's generation filtered out was the rollout ranks' idle), and only that stage's findings."""
+    write_timelines(tmp_path, straggling(), {r: 0 for r in range(4)})
+    whole = analyze(tmp_path).timeline
+    shown = analyze(tmp_path, stages=["update_actor"]).timeline
+    assert whole is not None and shown is not None
+    for a, b in zip(whole.steps, shown.steps, strict=True):
+        assert {name: role.idle_ms for name, role in a.roles.items()} == {
+            name: role.idle_ms for name, role in b.roles.items()
+        }
+    assert {f.stage for f in shown.findings} <= {None, "update_actor"}
+    assert any(f.stage == "generate_sequences" for f in whole.findings)
