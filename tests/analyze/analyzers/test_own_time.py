@@ -19,6 +19,7 @@ from instrument.analyze.model import TimelineReport
 from instrument.naming import SDK_STAGE_PREFIX, check_label
 from instrument.timeline import Span
 from tests.analyze.analyzers.test_timeline import stage, step_span, write_timelines
+from tests.analyze.test_analyze import _x, sdk_trace
 
 START = SDK_STAGE_PREFIX + "profiler_start"
 STOP = SDK_STAGE_PREFIX + "profiler_stop"
@@ -210,3 +211,15 @@ def test_a_stage_filter_chooses_what_is_shown_and_never_makes_idle(tmp_path: Pat
         }
     assert {f.stage for f in shown.findings} <= {None, "update_actor"}
     assert any(f.stage == "generate_sequences" for f in whole.findings)
+
+
+def test_an_older_timeline_without_the_sdks_spans_is_analysed_as_before_and_said_once(tmp_path: Path) -> None:
+    """Timeline files with no instrument:* span beside a trace of step 3: that step is marked traced, and one note
+    says its profiler time counts as stage and idle time there."""
+    write_timelines(tmp_path, straggling(), {r: 0 for r in range(4)})
+    sdk_trace(tmp_path, [_x("update_actor", 5e6, 1e5)], stage="update_actor", step=3, rank=0, world=4)
+    report = analyze(tmp_path)
+    assert report.timeline is not None
+    assert [s.step for s in report.timeline.steps if s.traced] == [3]
+    said = [n.reason for n in report.notes if "older instrument" in n.reason]
+    assert len(said) == 1 and "traced steps (3)" in said[0]
