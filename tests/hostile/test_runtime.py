@@ -230,6 +230,69 @@ def test_sigterm_inside_our_own_profiler_call_is_deferred_then_flushes_and_dies(
     _load(traces[0])
 
 
+def test_ctrl_c_inside_our_own_profiler_call_is_raised_when_it_returns_and_the_hook_never_starts(
+    tmp_path: Path,
+) -> None:
+    """Ctrl-C while the session stops the profiler: the stop and its export finish, then KeyboardInterrupt;
+    the run ends without its finish hook (before, the hook ran whole at exit), one warning says so."""
+    hook_ran = tmp_path / "hook-ran"
+    done = _run_script(
+        f"""
+        import os, signal, torch, instrument as ins
+        from instrument.recorders import torch as backend
+        real_stop = backend.TorchBackend.stop
+        def stop_with_a_signal(self):
+            if self.tracing:
+                os.kill(os.getpid(), signal.SIGINT)  # delivered at the next bytecode: inside our own call
+            real_stop(self)
+            print("stop completed", flush=True)
+        backend.TorchBackend.stop = stop_with_a_signal
+        hook = ins.FinishHook(cmd="touch {hook_ran}; sleep 60", timeout_s=90)
+        cfg = ins.ProfilerConfig(save_path={str(tmp_path / "profile")!r}, contents=("cpu",), finish_hook=hook)
+        ins.configure(cfg, role="actor", rank=0, world_size=1)
+
+        @ins.profiled_stage("compute_log_prob")
+        def forward():
+            torch.randn(8, 8) @ torch.randn(8, 8)
+
+        with ins.profile_step(1, last=True):
+            forward()
+            print("after the stage", flush=True)
+        print("survived", flush=True)
+        """
+    )
+    assert done.returncode == -signal.SIGINT, done.stdout + done.stderr[-2000:]
+    assert done.stdout.startswith("stop completed") and "after the stage" not in done.stdout, done.stdout
+    assert "KeyboardInterrupt" in done.stderr and "the finish hook does not run" in done.stderr, done.stderr
+    assert not hook_ran.exists()
+    traces = _traces(tmp_path / "profile")
+    assert len(traces) == 1 and traces[0].name.endswith(".pt.trace.json.gz")
+    _load(traces[0])
+    assert not list((tmp_path / "profile").glob(f"{SCRATCH_PREFIX}*"))
+
+
+def test_ctrl_c_handler_is_installed_only_over_pythons_own(tmp_path: Path) -> None:
+    """configure() takes SIGINT only from Python's default handler; a program's own stays its own."""
+    cfg = ins.ProfilerConfig(save_path=str(tmp_path), contents=("cpu",))
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    ins.configure(cfg, role="actor", rank=0, world_size=1)
+    ours = signal.getsignal(signal.SIGINT)
+    assert ours is not signal.default_int_handler
+    instrument.testing.reset()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+    def mine(signum: int, frame: object) -> None: ...
+
+    signal.signal(signal.SIGINT, mine)
+    try:
+        ins.configure(cfg, role="actor", rank=0, world_size=1)
+        assert signal.getsignal(signal.SIGINT) is mine
+        instrument.testing.reset()
+        assert signal.getsignal(signal.SIGINT) is mine
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 # ---------------------------------------------------------------------- fork (P6)
 
 
