@@ -20,6 +20,7 @@ from instrument.run._api import (
     profiled_stage,
 )
 from instrument.run._info import RunInfo
+from instrument.run._requests import request
 
 __all__ = [
     "CONTENTS",
@@ -39,6 +40,7 @@ __all__ = [
     "profile_step",
     "profile_window",
     "profiled_stage",
+    "request",
 ]
 
 

@@ -13,7 +13,18 @@ the clock origin), then records, each starting with a one-byte tag:
 * ``T`` a thread: ``index:u16 ident:u64``;
 * ``S`` a span: ``name:u16 thread:u16 step:u32 start_ns:i64 duration_ns:i64`` — 25 bytes;
 * ``C`` a clock estimate: ``offset_ns:i64 uncertainty_ns:i64 len:u16 source`` — this process's
-  clock minus the reference clock (rank 0's), as a round trip measured it.
+  clock minus the reference clock (rank 0's), as a round trip measured it;
+* ``X`` an extension: ``ext:u8 length:u32 payload`` (``length`` bytes). A reader skips an
+  extension whose ``ext`` it does not know, and reads the fields it knows of a longer payload than
+  it expects (later versions append fields), so new record kinds need no new magic. Known:
+
+  * ext ``1``, a request (:func:`encode_request`): ``stage:u16 thread:u16 step:u32 start_ns:i64
+    duration_ns:i64 prompt_tokens:i64 output_tokens:i64`` — 40 bytes, 46 with the tag and the
+    extension's head; ``stage`` is a name id (a stage's ``N`` record) or :data:`NO_STAGE`, a token
+    count -1 when none was given.
+
+  A reader of this format from before extensions existed raises :class:`TimelineError` ("unknown
+  record b'X'") for a file that holds one: it refuses the whole file, never reads part of it.
 
 Times are ``time.perf_counter_ns()`` values (``CLOCK_MONOTONIC`` on Linux: every process of a
 host reads the same clock); the header's ``clock`` pairs one such value with ``time.time_ns()``.
@@ -21,7 +32,8 @@ host reads the same clock); the header's ``clock`` pairs one such value with ``t
 Read back, a file's spans are columns (:class:`SpanColumns`: ~24 bytes a span against ~150 as
 :class:`Span` objects, filled from runs of span records by strided copies, no Python step per
 record), and the spans of many files a :class:`SpanTable` (each file's columns with the shift that
-puts them on a common clock); both are sequences of :class:`Span`, made one at a time when read.
+puts them on a common clock); both are sequences of :class:`Span`, made one at a time when read. Its
+requests are columns too (:class:`RequestColumns`).
 """
 
 from __future__ import annotations
@@ -41,10 +53,14 @@ from instrument.naming import TIMELINE_STAGE, TIMELINE_SUFFIX
 __all__ = [
     "KINDS",
     "MAGIC",
+    "MAX_TOKENS",
+    "NO_STAGE",
+    "REQUEST_BYTES",
     "SPAN_BYTES",
     "TIMELINE_STAGE",
     "TIMELINE_SUFFIX",
     "ClockEstimate",
+    "RequestColumns",
     "Span",
     "SpanColumns",
     "SpanTable",
@@ -52,7 +68,9 @@ __all__ = [
     "TimelineError",
     "encode_clock",
     "encode_header",
+    "encode_extension",
     "encode_name",
+    "encode_request",
     "encode_span",
     "encode_thread",
     "read_timeline",
@@ -72,6 +90,15 @@ _CLOCK = struct.Struct("<qqH")
 SPAN_BYTES = 1 + _SPAN.size
 """Bytes one span takes on disk, its tag included."""
 _S = ord("S")
+_EXT = struct.Struct("<BI")  # extension: ext, payload length
+_REQUEST = struct.Struct("<HHIqqqq")  # stage, thread, step, start, duration, prompt tokens, output tokens
+_EXT_REQUEST = 1
+REQUEST_BYTES = 1 + _EXT.size + _REQUEST.size
+"""Bytes one request takes on disk, its tag and extension head included."""
+NO_STAGE = 0xFFFF
+"""A request's stage id when no stage held it."""
+MAX_TOKENS = 10**15
+"""The largest token count a request records (more is no count a generation gives)."""
 
 
 class TimelineError(ValueError):
@@ -312,6 +339,60 @@ class SpanTable(Sequence[Span]):
         return f"SpanTable({len(self.parts)} parts, {len(self)} spans)"
 
 
+class RequestColumns:
+    """One process's requests (generation calls) as columns: no object per request.
+
+    Request ``i`` ran from ``start_ns[i]`` for ``duration_ns[i]`` on thread ``thread[i]`` in step ``step[i]``, inside
+    the stage ``names[stage[i]]`` (``(kind, role, stage)``; ``stage[i]`` -1: none), with ``prompt_tokens[i]`` and
+    ``output_tokens[i]`` tokens (-1: not given). ``names`` is the file's name table, the spans' own."""
+
+    __slots__ = ("duration_ns", "names", "output_tokens", "prompt_tokens", "stage", "start_ns", "step", "thread")
+
+    def __init__(
+        self,
+        names: Sequence[tuple[str, str, str]] = (),
+        stage: MutableSequence[int] | None = None,
+        step: MutableSequence[int] | None = None,
+        start_ns: MutableSequence[int] | None = None,
+        duration_ns: MutableSequence[int] | None = None,
+        thread: MutableSequence[int] | None = None,
+        prompt_tokens: MutableSequence[int] | None = None,
+        output_tokens: MutableSequence[int] | None = None,
+    ) -> None:
+        columns = [array("q") if c is None else c for c in (stage, step, start_ns, duration_ns, thread)]
+        tokens = [array("q") if c is None else c for c in (prompt_tokens, output_tokens)]
+        if len({len(c) for c in (*columns, *tokens)}) > 1:
+            raise ValueError("request columns of different lengths")
+        self.names = names
+        self.stage, self.step, self.start_ns, self.duration_ns, self.thread = columns
+        self.prompt_tokens, self.output_tokens = tokens
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def stage_name(self, i: int) -> str | None:
+        """The stage request ``i`` ran in, or ``None``."""
+        entry = self.stage[i]
+        return None if entry < 0 else self.names[entry][2]
+
+    def rows(self) -> Iterator[tuple[str | None, int, int, int, int, int, int]]:
+        """``(stage, step, start_ns, end_ns, thread, prompt_tokens, output_tokens)`` per request, one at a time."""
+        for i in range(len(self)):
+            start = self.start_ns[i]
+            yield (
+                self.stage_name(i),
+                self.step[i],
+                start,
+                start + self.duration_ns[i],
+                self.thread[i],
+                self.prompt_tokens[i],
+                self.output_tokens[i],
+            )
+
+    def __repr__(self) -> str:
+        return f"RequestColumns({len(self)} requests)"
+
+
 @dataclass(frozen=True)
 class ClockEstimate:
     """This process's clock minus the reference clock, and how far off that may be (both ns)."""
@@ -323,7 +404,8 @@ class ClockEstimate:
 
 @dataclass(frozen=True)
 class Timeline:
-    """A timeline file read back: its header, its spans, its clock estimates, and whether its tail was torn."""
+    """A timeline file read back: its header, its spans, its requests, its clock estimates, and whether its tail
+    was torn."""
 
     path: str
     role: str
@@ -337,6 +419,7 @@ class Timeline:
     clocks: tuple[ClockEstimate, ...] = ()
     torn: bool = False
     threads: dict[int, int] = field(default_factory=dict)
+    requests: RequestColumns = field(default_factory=RequestColumns)
 
     def __post_init__(self) -> None:
         spans = self.spans
@@ -382,6 +465,20 @@ def encode_thread(index: int, ident: int) -> bytes:
 def encode_span(name_id: int, thread: int, step: int, start_ns: int, end_ns: int) -> bytes:
     """One span record (:data:`SPAN_BYTES` bytes)."""
     return b"S" + _SPAN.pack(name_id, thread, step, start_ns, end_ns - start_ns)
+
+
+def encode_extension(ext: int, payload: bytes) -> bytes:
+    """An extension record: kind ``ext`` (0-255) and its payload, which a reader that does not know ``ext`` skips."""
+    return b"X" + _EXT.pack(ext, len(payload)) + payload
+
+
+def encode_request(
+    stage_id: int, thread: int, step: int, start_ns: int, end_ns: int, prompt_tokens: int, output_tokens: int
+) -> bytes:
+    """One request record (:data:`REQUEST_BYTES` bytes): ``stage_id`` a stage's name id or :data:`NO_STAGE`,
+    token counts -1 when not given."""
+    payload = _REQUEST.pack(stage_id, thread, step, start_ns, end_ns - start_ns, prompt_tokens, output_tokens)
+    return b"X" + _EXT.pack(_EXT_REQUEST, len(payload)) + payload
 
 
 def encode_clock(offset_ns: int, uncertainty_ns: int, source: str) -> bytes:
@@ -446,6 +543,17 @@ def _record(data: bytes, offset: int, size: int, path: str) -> tuple[bytes, tupl
     if tag == b"C":
         offset_ns, uncertainty_ns, length = take(_CLOCK, at)
         return tag, (offset_ns, uncertainty_ns, text(at + _CLOCK.size, length)), at + _CLOCK.size + length
+    if tag == b"X":
+        ext, length = take(_EXT, at)
+        at += _EXT.size
+        if at + length > size:
+            raise _TornError
+        if ext != _EXT_REQUEST:
+            return b"", (), at + length  # an extension of a later version: skipped
+        if length < _REQUEST.size:
+            need = _REQUEST.size
+            raise TimelineError(f"{path}: a request record of {length} bytes at byte {offset} (at least {need})")
+        return b"R", _REQUEST.unpack_from(data, at), at + length
     raise TimelineError(f"{path}: unknown record {tag!r} at byte {offset}: not written by this format")
 
 
@@ -507,7 +615,8 @@ def _joined(runs: list[array[int]], code: str) -> array[int]:
 def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     """Read a timeline file; a torn tail is read up to its last complete record (``torn`` is then true).
 
-    Spans are read as columns (:class:`SpanColumns`), never one object per record.
+    Spans and requests are read as columns (:class:`SpanColumns`, :class:`RequestColumns`), never one object
+    per record; an extension record of a kind this reader does not know is skipped.
     Raises :class:`TimelineError` for a file that is not a timeline or holds a record of no known kind,
     ``OSError`` when it cannot be read.
     """
@@ -520,6 +629,7 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
     threads: dict[int, int] = {}
     runs: list[list[array[int]]] = [[] for _ in _FIELDS]  # each column's runs of records
     clocks: list[ClockEstimate] = []
+    requests: list[array[int]] = [array("q") for _ in range(7)]  # stage, thread, step, start, duration, tokens
     torn = False
     size = len(data)
     try:
@@ -542,11 +652,20 @@ def read_timeline(path: str | os.PathLike[str]) -> Timeline:
                     names.append(values[1:])
             elif tag == b"T":
                 threads[values[0]] = values[1]
-            else:
+            elif tag == b"R":
+                if values[0] != NO_STAGE and values[0] not in slot:
+                    raise TimelineError(f"{shown}: a request refers to name {values[0]}, never defined")
+                values = (slot.get(values[0], -1), *values[1:])
+                for field_of, value in zip(requests, values, strict=True):
+                    field_of.append(value)
+            elif tag == b"C":
                 clocks.append(ClockEstimate(*values))
     except _TornError:
         torn = True
     del data
     name, step, start, duration, thread = (_joined(r, code) for r, (_, _, code) in zip(runs, _FIELDS, strict=True))
-    spans = SpanColumns(header["rank"], tuple(names), name, step, start, duration, thread)
-    return Timeline(path=shown, spans=spans, clocks=tuple(clocks), torn=torn, threads=threads, **header)
+    table = tuple(names)
+    spans = SpanColumns(header["rank"], table, name, step, start, duration, thread)
+    r_stage, r_thread, r_step, r_start, r_duration, r_prompt, r_output = requests
+    read = RequestColumns(table, r_stage, r_step, r_start, r_duration, r_thread, r_prompt, r_output)
+    return Timeline(path=shown, spans=spans, clocks=tuple(clocks), torn=torn, threads=threads, requests=read, **header)

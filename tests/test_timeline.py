@@ -122,7 +122,7 @@ def test_clock_estimates_are_kept_and_the_tightest_is_the_clock(tmp_path: Path) 
         (b'{"traceEvents": []}', "not a timeline file"),
         (MAGIC + b'{"role": "actor"', "header line is missing"),
         (MAGIC + b'{"role": "actor"}\n', "not a timeline header"),
-        (HEADER + b"X123", "unknown record b'X' at byte"),
+        (HEADER + b"Z123", "unknown record b'Z' at byte"),
         (HEADER + encode_span(7, 0, 1, 0, 5), "never defined"),
     ],
 )

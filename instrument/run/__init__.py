@@ -4,6 +4,7 @@
 reads; :mod:`._session` the per-process run (which step and rank is profiled, the recorder, the
 manifest, the finish hook) with its stage bookkeeping in :mod:`._stages`; :mod:`._triggers` the
 slow-step / signal / file triggers; :mod:`._process` rank detection, signals and fork; and
-:mod:`._info` the read-only :class:`RunInfo` that ``configure()`` returns. The one public module,
+:mod:`._info` the read-only :class:`RunInfo` that ``configure()`` returns; :mod:`._requests` the
+request spans of a rollout (``instrument.request``). The one public module,
 :mod:`.controller`, holds what a controller process (the Ray driver) needs to drive the runs of others.
 """

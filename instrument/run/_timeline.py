@@ -13,10 +13,19 @@ appended to as the run goes, so a crash keeps every span written so far; it is l
 when the run closes it. Failures are reported once through ``report`` and stop the timeline (training
 goes on). At most :data:`MAX_PENDING` spans wait at once: beyond that, spans are dropped and counted
 (a writer starved for a long time must not grow the training process without bound).
+
+A request (:mod:`instrument.run._requests`) is the tuple
+``(REQUEST, step, start_ns, end_ns, thread_ident, stage_entry, prompt_tokens, output_tokens)``: ``stage_entry``
+is the innermost entry of the request's own stage stack, made a name by :attr:`TimelineWriter.stage_key` here,
+off the hot path. A request whose context held no stage (a decorated stage on an unprofiled step pushes
+nothing on the stack: that is what keeps it cheap) waits here until the end of its step, then takes the
+innermost stage span of this process that contains it in time (its own thread's first); one that none contains
+is written with no stage and reported through :attr:`TimelineWriter.on_stray`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -30,15 +39,17 @@ from instrument._safe_files import create_new
 from instrument.manifest import TraceRecord
 from instrument.naming import TIMELINE_STAGE, TIMELINE_SUFFIX
 from instrument.run._clock import reported_host
+from instrument.run._state import STATE
 from instrument.timeline import (
     encode_clock,
     encode_header,
     encode_name,
+    encode_request,
     encode_span,
     encode_thread,
 )
 
-__all__ = ["FLUSH_EVERY_S", "MAX_PENDING", "NameKey", "TimelineWriter"]
+__all__ = ["FLUSH_EVERY_S", "MAX_PENDING", "OUTSIDE_STAGE", "REQUEST", "NameKey", "TimelineWriter"]
 
 FLUSH_EVERY_S = 1.0
 """The writer writes what is pending at least this often (and at the end of every step)."""
@@ -46,6 +57,9 @@ MAX_PENDING = 1 << 20
 """Spans waiting for the writer at most; more are dropped (and counted in ``dropped``)."""
 _CLOSE_WAIT_S = 10.0  # close() waits this long for the writer thread before writing the rest itself
 _CLOCK = ("clock", None, None)  # the name key of a clock estimate in the pending queue
+REQUEST = ("request", None, None)
+"""The name slot of a request's tuple in the pending queue (compared by identity)."""
+_NO_STAGE = 0xFFFF
 
 NameKey = tuple[str, "str | None", str]
 """``(kind, role, stage)`` of a span; role ``None`` stands for the process's role."""
@@ -79,6 +93,13 @@ class TimelineWriter:
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._io = threading.Lock()  # the writer thread and close() never write at once
+        self.stage_key: Callable[[object], NameKey | None] = _stage_key
+        """A stage-stack entry's name in the timeline."""
+        self.on_stray: Callable[[int], None] | None = _strays
+        """Called on the writer's thread with how many requests just written lay in no stage."""
+        self.stray_requests = 0
+        self._held: list[tuple[Any, ...]] = []  # requests whose context held no stage, until their step ends
+        self._recent: list[tuple[int, int, int, int]] = []  # (start, end, thread ident, name id) of stages since
 
     @property
     def path(self) -> Path | None:
@@ -132,7 +153,7 @@ class TimelineWriter:
             self._fail("the timeline writer did not finish in time", TimeoutError(f"{_CLOSE_WAIT_S:.0f} s"))
             return
         with self._io:
-            self._write_pending()
+            self._write_pending(final=True)
             self._finish_file()
 
     def forget(self) -> None:
@@ -157,30 +178,80 @@ class TimelineWriter:
             self.pending.popleft()
             self.dropped += 1
 
-    def _write_pending(self) -> None:
-        if self._failed or not self.pending:
+    def _write_pending(self, *, final: bool = False) -> None:
+        if self._failed or not (self.pending or (final and self._held)):
             return
         chunk = bytearray()
         pending = self.pending
         try:
             while pending:
-                name, a, b, c, ident = pending.popleft()
+                item = pending.popleft()
+                name = item[0]
                 if name is _CLOCK:
-                    chunk += encode_clock(a, b, c)
+                    chunk += encode_clock(item[1], item[2], item[3])
                     continue
-                name_id = self._names.get(name)
-                if name_id is None:
-                    name_id = self._names[name] = len(self._names)
-                    kind, role, stage = name
-                    chunk += encode_name(name_id, kind, self._role if role is None else role, stage)
-                thread = self._threads.get(ident)
-                if thread is None:
-                    thread = self._threads[ident] = len(self._threads)
-                    chunk += encode_thread(thread, ident)
-                chunk += encode_span(name_id, thread, a, b, c)
+                if name is REQUEST:
+                    key = self.stage_key(item[5])
+                    if key is None:
+                        self._held.append(item)
+                    else:
+                        self._encode_request(chunk, item, self._name(chunk, key))
+                    continue
+                _, a, b, c, ident = item
+                name_id = self._name(chunk, name)
+                chunk += encode_span(name_id, self._thread_index(chunk, ident), a, b, c)
+                if self._held and name[0] == "stage":
+                    self._recent.append((b, c, ident, name_id))
+                elif name[0] == "step" and (self._held or self._recent):
+                    self._place_held(chunk)
+            if final or len(self._held) > MAX_PENDING:
+                self._place_held(chunk)
             self._write(bytes(chunk))
         except Exception as exc:
             self._fail("cannot write the step timeline", exc)
+
+    def _name(self, chunk: bytearray, name: NameKey) -> int:
+        name_id = self._names.get(name)
+        if name_id is None:
+            name_id = self._names[name] = len(self._names)
+            kind, role, stage = name
+            chunk += encode_name(name_id, kind, self._role if role is None else role, stage)
+        return name_id
+
+    def _thread_index(self, chunk: bytearray, ident: int) -> int:
+        thread = self._threads.get(ident)
+        if thread is None:
+            thread = self._threads[ident] = len(self._threads)
+            chunk += encode_thread(thread, ident)
+        return thread
+
+    def _encode_request(self, chunk: bytearray, item: tuple[Any, ...], stage_id: int) -> None:
+        _, step, start, end, ident, _, prompt, output = item
+        chunk += encode_request(stage_id, self._thread_index(chunk, ident), step, start, end, prompt, output)
+
+    def _place_held(self, chunk: bytearray) -> None:
+        """A step ended (or the file closes): each held request takes the innermost stage span containing it,
+        its own thread's first; the ones none contains are written with no stage and reported."""
+        stray = 0
+        recent = self._recent
+        for item in self._held:
+            start, end, ident = item[2], item[3], item[4]
+            best: tuple[bool, int] | None = None
+            stage_id = _NO_STAGE
+            for began, ended, thread, name_id in recent:
+                if began <= start and end <= ended:
+                    rank = (thread == ident, began)
+                    if best is None or rank > best:
+                        best, stage_id = rank, name_id
+            if stage_id == _NO_STAGE:
+                stray += 1
+            self._encode_request(chunk, item, stage_id)
+        self._held, self._recent = [], []
+        if stray:
+            self.stray_requests += stray
+            if self.on_stray is not None:
+                with contextlib.suppress(Exception):  # a report that fails must not stop the timeline
+                    self.on_stray(stray)
 
     def _write(self, data: bytes) -> None:
         if self._fd is None:
@@ -249,4 +320,39 @@ class TimelineWriter:
     def _fail(self, what: str, exc: BaseException) -> None:
         self._failed = True
         self.pending.clear()
+        self._held = []
         self._report(what, exc)
+
+
+def _stage_key(entry: object) -> NameKey | None:
+    """The timeline name of a stage-stack entry: a ``profiled_stage`` (a with-block's marker), a shortcut's tuple
+    (that object first) or a frame (its with-block's object as ``owner``, else its ``name``); None for none.
+    Read by attribute: the stack's kinds live in modules that import this one."""
+    if type(entry) is tuple:
+        entry = entry[0]
+    key = getattr(entry, "_key", None)
+    if key is None:
+        key = getattr(getattr(entry, "owner", None), "_key", None)
+    if key is None:
+        name = getattr(entry, "name", None)
+        return ("stage", None, name) if isinstance(name, str) else None
+    return key  # type: ignore[no-any-return]
+
+
+OUTSIDE_STAGE = "request outside a stage"
+"""The misuse kind of a request that no stage of its process held."""
+
+
+def _strays(count: int) -> None:
+    """``count`` requests lay in no stage: named once by the run (its misuse), on the writer's thread."""
+    session = STATE.session
+    if session is None:
+        return
+    session.misuse(
+        OUTSIDE_STAGE,
+        "instrument: %d request(s) ran outside any stage (role %s, rank %s): recorded in their step with no stage; "
+        "call them inside the rollout's @profiled_stage (or `with profiled_stage(...)`); training continues",
+        count,
+        session.role,
+        session.rank,
+    )
