@@ -45,14 +45,12 @@ class request:  # noqa: N801 - reads as a function at call sites, like profiled_
     refused with one warning and recorded as not known. Make one object per request (the decorator does).
     """
 
-    __slots__ = ("_open", "_prompt_of", "_result_of", "output_tokens", "prompt_tokens")
+    __slots__ = ("_open", "output_tokens", "prompt_tokens")
 
     def __init__(self, *, prompt_tokens: Any = None, output_tokens: Any = None) -> None:
-        # A callable is a reader for the decorator form; the with form takes counts (checked when recorded).
-        self._prompt_of = prompt_tokens if callable(prompt_tokens) else None
-        self._result_of = output_tokens if callable(output_tokens) else None
-        self.prompt_tokens = None if self._prompt_of is not None else prompt_tokens
-        self.output_tokens = None if self._result_of is not None else output_tokens
+        # Stored as given: the with form's counts are checked when recorded, the decorator's readers by __call__.
+        self.prompt_tokens = prompt_tokens
+        self.output_tokens = output_tokens
         self._open: tuple[Any, int, object, int] | None = None
 
     def __repr__(self) -> str:
@@ -80,9 +78,9 @@ class request:  # noqa: N801 - reads as a function at call sites, like profiled_
         spans, step, stage, started = opened
         prompt, output = self.prompt_tokens, self.output_tokens
         if type(prompt) is not int or not 0 <= prompt <= MAX_TOKENS:
-            prompt = _count("prompt_tokens", prompt)
+            prompt = -1 if prompt is None else _count("prompt_tokens", prompt)
         if type(output) is not int or not 0 <= output <= MAX_TOKENS:
-            output = _count("output_tokens", output)
+            output = -1 if output is None else _count("output_tokens", output)
         spans.append((REQUEST, step, started, ended, get_ident(), stage, prompt, output))
 
     def __call__(self, func: _F) -> _F:
@@ -94,65 +92,94 @@ class request:  # noqa: N801 - reads as a function at call sites, like profiled_
                 f"request(...) cannot decorate the async generator {func.__qualname__}: wrap the loop that consumes "
                 "it in `with instrument.request(...) as r:` (docs/rollout.md, Marking requests)"
             )
-        prompt_of, result_of = self._prompt_of, self._result_of
-        prompt, output = self.prompt_tokens, self.output_tokens
-        state = STATE
-
         if inspect.iscoroutinefunction(func):
+            return _wrap_coroutine(func, self.prompt_tokens, self.output_tokens)  # type: ignore[return-value]
+        return _wrap(func, self.prompt_tokens, self.output_tokens)  # type: ignore[return-value]
 
-            @functools.wraps(func)
-            async def request_coroutine(*args: Any, **kwargs: Any) -> Any:
-                if not state.engaged:
-                    return await func(*args, **kwargs)
-                marked = _marked(prompt_of, prompt, output, args, kwargs)
-                with marked:
-                    result = await func(*args, **kwargs)
-                    if result_of is not None and marked._open is not None:
-                        marked.output_tokens = _read(result_of, result)
-                    return result
 
-            return request_coroutine  # type: ignore[return-value]
+def _wrap(func: Callable[..., Any], prompt: Any, output: Any) -> Callable[..., Any]:
+    # One function with its hot path inline, as profiled_stage's _wrap: each Python call out of it would cost.
+    state = STATE
+    prompt_of = prompt if callable(prompt) else None
+    result_of = output if callable(output) else None
 
-        @functools.wraps(func)
-        def request_call(*args: Any, **kwargs: Any) -> Any:
-            if not state.engaged:
-                return func(*args, **kwargs)
-            marked = _marked(prompt_of, prompt, output, args, kwargs)
+    @functools.wraps(func)
+    def request_call(*args: Any, **kwargs: Any) -> Any:
+        if not state.engaged:
+            return func(*args, **kwargs)
+        spans = state.spans
+        if spans is None:  # no step open, no timeline or no run: the with form's cold path
+            marked = request(prompt_tokens=_read(prompt_of, args, kwargs) if prompt_of else prompt)
             with marked:
                 result = func(*args, **kwargs)
-                if result_of is not None and marked._open is not None:
-                    marked.output_tokens = _read(result_of, result)
+                marked.output_tokens = _read(result_of, (result,), {}) if result_of else output
                 return result
+        step, stack = state.step, _STAGES.get()
+        stage = stack[-1] if stack else None
+        count = _read(prompt_of, args, kwargs) if prompt_of else prompt
+        if type(count) is not int or not 0 <= count <= MAX_TOKENS:
+            count = -1 if count is None else _count("prompt_tokens", count)
+        started = perf_counter_ns()
+        try:
+            result = func(*args, **kwargs)
+        except BaseException:
+            spans.append(
+                (REQUEST, step, started, perf_counter_ns(), get_ident(), stack[-1] if stack else None, count, -1)
+            )
+            raise
+        ended = perf_counter_ns()
+        made = output
+        if result_of is not None:
+            try:  # inline, not _read: a call out of here costs the hot path ~100 ns
+                made = result_of(result)
+            except Exception as exc:
+                made = _unread(result_of, exc)
+        if type(made) is not int or not 0 <= made <= MAX_TOKENS:
+            made = -1 if made is None else _count("output_tokens", made)
+        spans.append((REQUEST, step, started, ended, get_ident(), stage, count, made))
+        return result
 
-        return request_call  # type: ignore[return-value]
+    return request_call
 
 
-def _marked(
-    prompt_of: Callable[..., Any] | None, prompt: Any, output: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> request:
-    """The decorator's request for one call (its prompt tokens read from the call's arguments if asked)."""
-    marked = request(prompt_tokens=prompt, output_tokens=output)
-    if prompt_of is not None and STATE.spans is not None:
-        marked.prompt_tokens = _read(prompt_of, *args, **kwargs)
-    return marked
+def _wrap_coroutine(func: Callable[..., Any], prompt: Any, output: Any) -> Callable[..., Any]:
+    prompt_of = prompt if callable(prompt) else None
+    result_of = output if callable(output) else None
+
+    @functools.wraps(func)
+    async def request_coroutine(*args: Any, **kwargs: Any) -> Any:
+        if not STATE.engaged:
+            return await func(*args, **kwargs)
+        marked = request(prompt_tokens=_read(prompt_of, args, kwargs) if prompt_of else prompt, output_tokens=output)
+        with marked:
+            result = await func(*args, **kwargs)
+            if result_of is not None:
+                marked.output_tokens = _read(result_of, (result,), {})
+            return result
+
+    return request_coroutine
 
 
-def _read(reader: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+def _read(reader: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """A token count read by the user's callable; one that raises is a count not known (named once)."""
     try:
         return reader(*args, **kwargs)
     except Exception as exc:
-        session = STATE.session
-        if session is not None:
-            session.misuse(
-                TOKEN_COUNT,
-                "instrument: a request's token count could not be read (%s raised %s: %s): recorded as not known; "
-                "training continues",
-                getattr(reader, "__qualname__", repr(reader)),
-                type(exc).__name__,
-                exc,
-            )
-        return None
+        return _unread(reader, exc)
+
+
+def _unread(reader: Callable[..., Any], exc: Exception) -> None:
+    """The user's token-count reader raised: named once, the count not known."""
+    session = STATE.session
+    if session is not None:
+        session.misuse(
+            TOKEN_COUNT,
+            "instrument: a request's token count could not be read (%s raised %s: %s): recorded as not known; "
+            "training continues",
+            getattr(reader, "__qualname__", repr(reader)),
+            type(exc).__name__,
+            exc,
+        )
 
 
 def _count(field: str, value: Any) -> int:
