@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +13,8 @@ from hypothesis import strategies as st
 from instrument.timeline import (
     KINDS,
     MAGIC,
+    NO_STAGE,
+    REQUEST_BYTES,
     SPAN_BYTES,
     Span,
     SpanColumns,
@@ -19,8 +22,10 @@ from instrument.timeline import (
     Timeline,
     TimelineError,
     encode_clock,
+    encode_extension,
     encode_header,
     encode_name,
+    encode_request,
     encode_span,
     encode_thread,
     read_timeline,
@@ -248,3 +253,123 @@ def test_more_names_than_an_id_holds_are_each_read(tmp_path: Path) -> None:
     spans = read_timeline(path).spans
     assert len(spans) == count and [spans[i].stage for i in (0, 1, -1)] == ["s0", "s1", f"s{count - 1}"]
     assert [s.stage for s in spans] == [f"s{i}" for i in range(count)]
+
+
+# ---------------------------------------------------------------------- requests (extension records)
+
+counts = st.one_of(st.just(-1), st.integers(0, 10**15))
+records_with_requests = st.lists(
+    st.one_of(
+        st.tuples(st.just("span"), st.sampled_from(KINDS), labels, labels, st.integers(0, 2**32 - 1),
+                  st.integers(-(2**40), 2**40), st.integers(0, 2**40), st.integers(0, 2**64 - 1)),
+        st.tuples(st.just("request"), st.one_of(st.none(), labels), st.integers(0, 2**32 - 1),
+                  st.integers(-(2**40), 2**40), st.integers(0, 2**40), st.integers(0, 2**64 - 1), counts, counts),
+        st.tuples(st.just("unknown"), st.integers(2, 255), st.binary(max_size=40)),
+    ),
+    max_size=30,
+)  # fmt: skip
+
+
+def _mixed_file(records: list[tuple[Any, ...]], ends: list[int], kept: list[int] | None = None) -> bytes:
+    """Spans, requests and extensions of later versions, encoded as the writer does; ``ends``: where each record
+    ends; ``kept``: where each span or request record ends."""
+    data = bytearray(HEADER)
+    names: dict[tuple[str, str, str], int] = {}
+    threads: dict[int, int] = {}
+
+    def name(key: tuple[str, str, str]) -> int:
+        if key not in names:
+            names[key] = len(names)
+            data.extend(encode_name(names[key], *key))
+            ends.append(len(data))
+        return names[key]
+
+    def thread(ident: int) -> int:
+        if ident not in threads:
+            threads[ident] = len(threads)
+            data.extend(encode_thread(threads[ident], ident))
+            ends.append(len(data))
+        return threads[ident]
+
+    for record in records:
+        if record[0] == "span":
+            _, kind, role, stage, step, start, duration, ident = record
+            data += encode_span(name((kind, role, stage)), thread(ident), step, start, start + duration)
+        elif record[0] == "request":
+            _, stage, step, start, duration, ident, prompt, output = record
+            stage_id = NO_STAGE if stage is None else name(("stage", "rollout", stage))
+            data += encode_request(stage_id, thread(ident), step, start, start + duration, prompt, output)
+        else:
+            data += encode_extension(record[1], record[2])
+        ends.append(len(data))
+        if kept is not None and record[0] != "unknown":
+            kept.append(len(data))
+    return bytes(data)
+
+
+def _requests_of(records: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    return [(r[1], r[2], r[3], r[3] + r[4], r[5], r[6], r[7]) for r in records if r[0] == "request"]
+
+
+def _read_requests(timeline: Timeline) -> list[tuple[Any, ...]]:
+    return [(s, step, a, b, timeline.threads[t], p, o) for s, step, a, b, t, p, o in timeline.requests.rows()]
+
+
+@settings(max_examples=60, deadline=None)
+@given(records_with_requests)
+def test_requests_and_spans_read_back_as_written_and_unknown_extensions_are_skipped(
+    tmp_path_factory: pytest.TempPathFactory, records: list[tuple[Any, ...]]
+) -> None:
+    path = tmp_path_factory.mktemp("t") / "r.timeline.bin"
+    path.write_bytes(_mixed_file(records, []))
+    timeline = read_timeline(path)
+    assert not timeline.torn
+    assert _read_requests(timeline) == _requests_of(records)
+    spans_written = [(r[1], r[2], r[3], r[4], r[5], r[6], r[7]) for r in records if r[0] == "span"]
+    got = [
+        (s.kind, s.role, s.stage, s.step, s.start_ns, s.duration_ns, timeline.threads[s.thread]) for s in timeline.spans
+    ]
+    assert got == spans_written
+
+
+@settings(max_examples=40, deadline=None)
+@given(records_with_requests.filter(bool), st.data())
+def test_a_torn_tail_after_requests_keeps_every_complete_record(
+    tmp_path_factory: pytest.TempPathFactory, records: list[tuple[Any, ...]], data: st.DataObject
+) -> None:
+    ends: list[int] = []
+    kept: list[int] = []
+    whole = _mixed_file(records, ends, kept)
+    cut = data.draw(st.integers(len(HEADER), len(whole) - 1))
+    folder = tmp_path_factory.mktemp("t")
+    (folder / "cut.timeline.bin").write_bytes(whole[:cut])
+    (folder / "whole.timeline.bin").write_bytes(whole)
+    torn, complete = read_timeline(folder / "cut.timeline.bin"), read_timeline(folder / "whole.timeline.bin")
+    requests = _read_requests(torn)
+    assert requests == _read_requests(complete)[: len(requests)]
+    assert torn.spans == complete.spans[: len(torn.spans)]
+    assert len(requests) + len(torn.spans) == sum(1 for end in kept if end <= cut)  # every whole record is read
+    assert torn.torn == (cut not in ends and cut != len(HEADER))
+
+
+def test_a_request_is_46_bytes_on_disk_and_a_longer_payload_keeps_its_known_fields(tmp_path: Path) -> None:
+    record = encode_request(NO_STAGE, 0, 7, 100, 250, 12, 34)
+    assert len(record) == REQUEST_BYTES == 46
+    later = encode_extension(1, record[6:] + b"a field of a later version")  # ext 1, payload grown
+    path = tmp_path / "r.timeline.bin"
+    path.write_bytes(HEADER + encode_thread(0, 99) + later)
+    assert list(read_timeline(path).requests.rows()) == [(None, 7, 100, 250, 0, 12, 34)]
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (encode_extension(1, b"short"), "a request record of 5 bytes"),
+        (encode_request(3, 0, 1, 0, 5, 1, 1), "a request refers to name 3, never defined"),
+    ],
+)
+def test_a_broken_request_is_named(tmp_path: Path, content: bytes, words: str) -> None:
+    path = tmp_path / "bad.timeline.bin"
+    path.write_bytes(HEADER + content)
+    with pytest.raises(TimelineError, match=words):
+        read_timeline(path)

@@ -133,7 +133,8 @@ def _wrap(func: Callable[..., Any], prompt: Any, output: Any) -> Callable[..., A
             try:  # inline, not _read: a call out of here costs the hot path ~100 ns
                 made = result_of(result)
             except Exception as exc:
-                made = _unread(result_of, exc)
+                _unread(result_of, exc)
+                made = None
         if type(made) is not int or not 0 <= made <= MAX_TOKENS:
             made = -1 if made is None else _count("output_tokens", made)
         spans.append((REQUEST, step, started, ended, get_ident(), stage, count, made))
@@ -165,7 +166,8 @@ def _read(reader: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, A
     try:
         return reader(*args, **kwargs)
     except Exception as exc:
-        return _unread(reader, exc)
+        _unread(reader, exc)
+        return None
 
 
 def _unread(reader: Callable[..., Any], exc: Exception) -> None:
