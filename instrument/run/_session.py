@@ -430,7 +430,7 @@ class Session(StageTracing):
             if not self.finished:
                 if self.step is not None:
                     self.end_step()
-                if self.clock is not None:
+                if self.clock is not None and not self.hook.interrupted:  # Ctrl-C: no 10 s wait for peers' clocks
                     self.clock.at_finish()  # bounded; its estimate goes in before the timeline closes
                 self.flush()
                 if run_hook and self.hook.automatic:
