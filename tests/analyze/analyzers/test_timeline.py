@@ -114,7 +114,7 @@ def test_disaggregated_layout_idle_waits_critical_path_and_straggler() -> None:
     # what it added to each step (150 ms) and the idle its delay caused the four actor ranks (150 ms each)
     # and its three peers, done early, wait 150 ms each for it too
     assert straggler.lost_ms == pytest.approx(150 + 4 * 150 + 3 * 150)
-    assert "150 ms of it its delay; rollout ranks 4–6 wait 150 ms each for it" in straggler.text
+    assert "150 ms of it its delay; rollout ranks 4\u20136 wait 150 ms each for it" in straggler.text
     assert "(1.05 s of idle rank-time it caused a step)" in straggler.text
     assert "1.5\u00d7" in straggler.text and "6 of 6 steps" in straggler.text
     assert "actor ranks 0\u20133 wait 451 ms each" in straggler.text
