@@ -386,10 +386,11 @@ def test_the_wheel_installs_by_its_name(wheel: Path, tmp_path: Path) -> None:
     """``pip install 'instrument-rl[torch,analyze,yaml]'`` from the wheel's folder alone (no index) into a fresh
     venv outside the checkout gives the ``instrument`` command and imports the wheel's copy.
 
-    The extras' packages (torch, rich, ...) are this interpreter's: the venv sees its site-packages through
-    a ``.pth`` line (a path only: the editable install's own ``.pth`` there is not processed, so nothing of
-    the checkout is on the venv's path), and pip (this interpreter's, ``--python``: the venv has none of its
-    own) finds them installed instead of downloading them.
+    The extras' packages (torch, rich, ...) are this interpreter's: the venv sees them through a ``.pth``
+    line naming a folder of links to its site-packages' entries, all but the editable install of this
+    checkout (its metadata would tell pip the distribution is already installed, and its finder would put
+    the checkout on the path), and pip (this interpreter's, ``--python``: the venv has none of its own)
+    finds them installed instead of downloading them.
     """
     venv = tmp_path / "venv"
     # without its own pip and setuptools: an older setuptools of the venv's would hide the one torch needs
@@ -404,7 +405,13 @@ def test_the_wheel_installs_by_its_name(wheel: Path, tmp_path: Path) -> None:
     ).stdout.strip()
     ours = [p for p in map(Path, sys.path) if p.name == "site-packages" and (p / "attrs").is_dir()]
     assert ours, "this interpreter has no site-packages with attrs"
-    (Path(purelib) / "deps_from_the_test.pth").write_text(f"{ours[0]}\n")
+    deps = tmp_path / "deps"
+    deps.mkdir()
+    own = DISTRIBUTION.replace("-", "_")
+    for entry in ours[0].iterdir():
+        if not entry.name.startswith((own, f"__editable__.{own}", f"__editable___{own}")):
+            (deps / entry.name).symlink_to(entry)
+    (Path(purelib) / "deps_from_the_test.pth").write_text(f"{deps}\n")
     env = {"PATH": f"{venv / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), "PIP_CONFIG_FILE": "/dev/null"}
     outside = tmp_path / "elsewhere"
     outside.mkdir()
